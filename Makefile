@@ -1,0 +1,25 @@
+# The two commands: `make demo` and `make test`. Both go through `make setup`.
+.PHONY: setup demo test test-unit test-integration lint bench clean-demo
+
+VENV := .venv
+PY := $(VENV)/bin/python
+DURATION ?= 0
+
+setup:
+	@scripts/setup.sh
+	@$(PY) -m streamlearn.cli kafka fetch-jars
+
+demo: setup
+	@$(VENV)/bin/streamlearn demo $(if $(filter-out 0,$(DURATION)),--duration $(DURATION))
+
+test: setup lint
+	@$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
+
+test-unit: setup
+	@$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+lint: setup
+	@$(VENV)/bin/ruff check streamlearn pipelines load tests
+
+bench: setup
+	@$(PY) -m load.bench_ingest

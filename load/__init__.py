@@ -1,0 +1,1 @@
+"""Load generation: simulated banking events, rate profiles and malformed messages for Kafka."""

@@ -1,0 +1,420 @@
+"""Simulated banking transactions with a learnable, drifting fraud signal, produced to Kafka.
+
+Customers are fixed at construction (age, tenure, home country, usual currency, preferred
+categories and channels), so amounts and habits are consistent per customer. Fraud is
+rare (~1.6%) and follows one pattern before `drift_at` and a clearly different one after
+it, so online learning has something to lose and to relearn. Events come out in fixed
+chunks of vectorised numpy draws: the sequence depends only on the seed, never on how
+callers slice it, and generation plus encoding stays far above what Kafka can take.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import zlib
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+from confluent_kafka import KafkaException, Producer
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from load.profiles import Constant, Profile
+from pipelines.banking import CHANNELS, COUNTRIES, CURRENCIES, MERCHANT_CATEGORIES
+from streamlearn.errors import ConfigError, KafkaUnavailable
+
+BASE_TIME_MS = 1_767_225_600_000  # 2026-01-01T00:00Z: a fixed origin keeps runs reproducible
+MS_PER_EVENT = 4_000  # a simulated day is 21,600 events, so any sample of a few thousand sees night and day
+_CHUNK = 4096
+_HOUR_MS = 3_600_000
+
+
+def _cumulative(vocabulary: tuple[str, ...], **weights: float) -> np.ndarray:
+    p = np.array([weights.get(v, 0.0) for v in vocabulary], dtype=np.float64)
+    cum = np.cumsum(p / p.sum())
+    cum[-1] = 1.0  # rounding must never let a uniform draw fall past the last entry
+    return cum
+
+
+def _draw(rng: np.random.Generator, cum: np.ndarray, size) -> np.ndarray:
+    return np.searchsorted(cum, rng.random(size), side="right")
+
+
+def _index(vocabulary: tuple[str, ...], *names: str) -> np.ndarray:
+    return np.array([vocabulary.index(n) for n in names])
+
+
+# Legitimate spending habits.
+_CAT_LEGIT = _cumulative(MERCHANT_CATEGORIES, grocery=22, restaurant=16, travel=4, electronics=5, fuel=12,
+                         fashion=9, gaming=3, crypto=1.5, utilities=8, health=6, cash=8, transfer=5.5)
+_CHAN_LEGIT = _cumulative(CHANNELS, pos=55, ecom=25, mobile=20)  # ATM only ever serves cash
+_HOME = _cumulative(COUNTRIES, DE=22, FR=15, NL=8, ES=10, IT=10, GB=12, US=8, PL=6, CH=3, SE=3,
+                    NG=1, RU=1, CN=0.5, BR=0.5)
+_SAFE = _index(COUNTRIES, "DE", "FR", "NL", "ES", "IT", "GB", "US", "PL", "CH", "SE", "CN")
+_HIGH_RISK = _index(COUNTRIES, "NG", "RU", "BR")
+_USUAL_CURRENCY = np.array([CURRENCIES.index(c) for c in (
+    "EUR", "EUR", "EUR", "EUR", "EUR", "GBP", "USD", "PLN", "CHF", "SEK", "USD", "USD", "USD", "USD")])
+_CATEGORY_MEAN = np.array([45, 35, 420, 310, 60, 85, 25, 250, 110, 70, 150, 600], dtype=np.float64)
+_CASH, _USD = MERCHANT_CATEGORIES.index("cash"), CURRENCIES.index("USD")
+_ATM, _POS, _MOBILE = _index(CHANNELS, "atm", "pos", "mobile")
+
+# Fraud before the drift: card-not-present online fraud abroad, big tickets, at night.
+_CAT_FRAUD_PRE = _cumulative(MERCHANT_CATEGORIES, electronics=35, travel=20, fashion=15, gaming=8, crypto=4,
+                             grocery=6, restaurant=4, transfer=8)
+_CHAN_FRAUD_PRE = _cumulative(CHANNELS, ecom=80, mobile=15, pos=5)
+# Fraud after it: cash-outs at ATMs and crypto/gaming from freshly opened accounts, in daytime.
+_CAT_FRAUD_POST = _cumulative(MERCHANT_CATEGORIES, cash=50, crypto=30, gaming=20)
+_CHAN_FRAUD_POST = _cumulative(CHANNELS, mobile=60, ecom=40)
+_NIGHT = np.isin(np.arange(24), np.arange(0, 6))
+_DAY = np.isin(np.arange(24), np.arange(9, 18))
+_P_FRAUD_PRE = np.where(_NIGHT, 0.04, 0.008)
+_P_FRAUD_POST = np.where(_DAY, 0.035, 0.006)
+_CAMOUFLAGED = 0.1  # share of frauds that look like the customer's normal spending: keeps AUC below 1
+_YOUNG_ACCOUNT_DAYS = 120
+
+_KEYS = ("event_id", "event_time", "customer_id", "amount", "currency", "merchant_category",
+         "merchant_country", "channel", "card_present", "customer_age", "account_tenure_days", "is_fraud")
+_BOOL = ("false", "true")
+# Object arrays turn index arrays into lists of the vocabulary's own str objects in one C call.
+_NAMES = {name: np.array(vocabulary, dtype=object) for name, vocabulary in (
+    ("currency", CURRENCIES), ("category", MERCHANT_CATEGORIES), ("country", COUNTRIES), ("channel", CHANNELS))}
+
+
+class BankingSimulator:
+    """A deterministic stream of banking transactions for `seed`; see the module docstring."""
+
+    def __init__(self, seed: int, n_customers: int = 10_000, drift_at: int | None = None):
+        if n_customers < 1:
+            raise ConfigError(f"n_customers must be at least 1, got {n_customers}")
+        if drift_at is not None and drift_at < 0:
+            raise ConfigError(f"drift_at is an event index >= 0 (or None for no drift), got {drift_at}")
+        self.seed, self.drift_at = seed, drift_at
+        rng = self._rng = np.random.default_rng(seed)
+        self.customer_ids = np.array([f"cust-{i:06d}" for i in range(n_customers)], dtype=object)
+        self.age = np.clip(rng.normal(42, 14, n_customers), 18, 95).astype(np.int64)
+        # No account is older than its holder's adult life.
+        self.tenure = np.minimum(rng.exponential(1500, n_customers), (self.age - 18) * 365 + 30).astype(np.int64)
+        self.home = _draw(rng, _HOME, n_customers)
+        self.currency = _USUAL_CURRENCY[self.home]
+        self.pref_category = _draw(rng, _CAT_LEGIT, (n_customers, 3))
+        self.pref_channel = _draw(rng, _CHAN_LEGIT, (n_customers, 2))
+        activity = rng.lognormal(0.0, 1.0, n_customers)  # a few customers transact far more than most
+        self._activity = np.cumsum(activity / activity.sum())
+        self._activity[-1] = 1.0
+        young = np.flatnonzero(self.tenure < _YOUNG_ACCOUNT_DAYS)
+        self._young = young if len(young) else np.arange(n_customers)
+        self._next = 0
+        self._buffer: list[dict[str, Any]] = []
+
+    def events(self, n: int) -> list[dict[str, Any]]:
+        """The next `n` events, as dicts that validate against pipelines.banking.TRANSACTION."""
+        while len(self._buffer) < n:
+            self._buffer.extend(self._chunk())
+        out, self._buffer = self._buffer[:n], self._buffer[n:]
+        return out
+
+    def _chunk(self) -> list[dict[str, Any]]:
+        rng, n, first = self._rng, _CHUNK, self._next
+        self._next += n
+        index = np.arange(first, first + n)
+        # Jitter below one step keeps event times strictly increasing.
+        times = BASE_TIME_MS + index * MS_PER_EVENT + rng.integers(0, MS_PER_EVENT, n)
+        hour = times // _HOUR_MS % 24
+        post = index >= self.drift_at if self.drift_at is not None else np.zeros(n, dtype=bool)
+        fraud = rng.random(n) < np.where(post, _P_FRAUD_POST[hour], _P_FRAUD_PRE[hour])
+
+        # Everyone first behaves like the customer usually does ...
+        cust = np.searchsorted(self._activity, rng.random(n), side="right")
+        pick = rng.random((4, n))
+        cat = np.where(pick[0] < 0.85, self.pref_category[cust, rng.integers(0, 3, n)], _draw(rng, _CAT_LEGIT, n))
+        chan = np.where(pick[1] < 0.85, self.pref_channel[cust, rng.integers(0, 2, n)], _draw(rng, _CHAN_LEGIT, n))
+        country = np.where(pick[2] < 0.9, self.home[cust],
+                           np.where(pick[2] < 0.985, rng.choice(_SAFE, n), rng.choice(_HIGH_RISK, n)))
+        currency = np.where(pick[3] < 0.92, self.currency[cust], rng.integers(0, len(CURRENCIES), n))
+        boost = np.ones(n)
+
+        # ... then fraudsters overwrite what their pattern dictates.
+        pattern = fraud & (rng.random(n) >= _CAMOUFLAGED)
+        pre = np.flatnonzero(pattern & ~post)
+        k = len(pre)
+        cat[pre] = _draw(rng, _CAT_FRAUD_PRE, k)
+        chan[pre] = _draw(rng, _CHAN_FRAUD_PRE, k)
+        u = rng.random(k)
+        country[pre] = np.where(u < 0.6, rng.choice(_HIGH_RISK, k),
+                                np.where(u < 0.9, rng.choice(_SAFE, k), country[pre]))
+        currency[pre] = np.where(rng.random(k) < 0.4, _USD, currency[pre])
+        boost[pre] = rng.lognormal(np.log(3.5), 0.5, k)
+
+        postf = np.flatnonzero(pattern & post)
+        k = len(postf)
+        cust[postf] = np.where(rng.random(k) < 0.85, rng.choice(self._young, k), cust[postf])
+        cat[postf] = _draw(rng, _CAT_FRAUD_POST, k)
+        chan[postf] = _draw(rng, _CHAN_FRAUD_POST, k)
+        country[postf] = np.where(rng.random(k) < 0.8, self.home[cust[postf]], rng.choice(_SAFE, k))
+        currency[postf] = self.currency[cust[postf]]
+        boost[postf] = rng.lognormal(np.log(1.8), 0.4, k)
+
+        chan[cat == _CASH] = _ATM  # cash only comes out of ATMs, and ATMs only give cash
+        card_present = np.where(chan == _POS, rng.random(n) < 0.97,
+                                (chan == _ATM) | ((chan == _MOBILE) & (rng.random(n) < 0.15)))
+        age = self.age[cust]
+        # Amount follows the category and grows with age: the regression pipeline's target.
+        amount = _CATEGORY_MEAN[cat] * (0.6 + 0.012 * (age - 18)) * rng.lognormal(0.0, 0.35, n) * boost
+        amount = np.maximum(np.round(amount, 2), 0.01)
+
+        ids = [f"{self.seed}-{i}" for i in range(first, first + n)]
+        columns = (ids, times.tolist(), self.customer_ids[cust].tolist(), amount.tolist(),
+                   _NAMES["currency"][currency].tolist(), _NAMES["category"][cat].tolist(),
+                   _NAMES["country"][country].tolist(), _NAMES["channel"][chan].tolist(),
+                   card_present.tolist(), age.tolist(), self.tenure[cust].tolist(), fraud.tolist())
+        return [dict(zip(_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
+
+
+def encode_batch(events: list[dict[str, Any]]) -> list[bytes]:
+    """Compact JSON, ~4x faster than json.dumps.
+
+    Only for events shaped like BankingSimulator's: its strings never need JSON escaping.
+    """
+    return [(f'{{"event_id":"{e["event_id"]}","event_time":{e["event_time"]},"customer_id":"{e["customer_id"]}",'
+             f'"amount":{e["amount"]!r},"currency":"{e["currency"]}","merchant_category":"{e["merchant_category"]}",'
+             f'"merchant_country":"{e["merchant_country"]}","channel":"{e["channel"]}",'
+             f'"card_present":{_BOOL[e["card_present"]]},"customer_age":{e["customer_age"]},'
+             f'"account_tenure_days":{e["account_tenure_days"]},"is_fraud":{_BOOL[e["is_fraud"]]}}}').encode()
+            for e in events]
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition run_load sends a key to: explicit, so tests know where every event went."""
+    return zlib.crc32(key) % partitions
+
+
+def bench_generation(n: int = 200_000, seed: int = 0) -> float:
+    """Events/s of generating plus encoding on this core, without Kafka."""
+    sim = BankingSimulator(seed)
+    start = time.perf_counter()
+    for done in range(0, n, 10_000):
+        encode_batch(sim.events(min(10_000, n - done)))
+    return n / (time.perf_counter() - start)
+
+
+# --- malformed messages: one per reason code of streamlearn.schema, in turn --------------
+
+MALFORMED_KINDS = ("empty", "oversized", "undecodable", "not_json", "not_object", "missing_field",
+                   "wrong_type", "not_finite", "out_of_range", "unknown_value", "too_long")
+_PLACEHOLDER = "@@raw@@"
+_FIELD_BREAKS = {  # code -> (field, raw JSON that breaks it)
+    "wrong_type": (("amount", '"12.50"'), ("customer_age", "33.5"), ("card_present", '"yes"'), ("is_fraud", "0"),
+                   ("event_time", '"2026-01-01T00:00:00Z"'), ("customer_id", "12345"), ("currency", '["EUR"]')),
+    # Python's json accepts NaN/Infinity literals and turns 1e400 into inf: validation must catch all.
+    "not_finite": (("amount", "NaN"), ("amount", "Infinity"), ("amount", "-Infinity"), ("amount", "1e400")),
+    "out_of_range": (("amount", str(10**30)), ("amount", "-5.0"), ("customer_age", "7"), ("customer_age", "150"),
+                     ("account_tenure_days", "-1"), ("event_time", "-1")),
+    "unknown_value": (("currency", '"XYZ"'), ("channel", '"telepathy"'), ("merchant_country", '"ZZ"'),
+                      ("merchant_category", '"lottery"')),
+}
+
+
+def _pick(rng: random.Random | np.random.Generator, n: int) -> int:
+    return int(rng.integers(n)) if isinstance(rng, np.random.Generator) else rng.randrange(n)
+
+
+def _random_bytes(rng: random.Random | np.random.Generator, n: int) -> bytes:
+    return rng.bytes(n) if isinstance(rng, np.random.Generator) else rng.randbytes(n)
+
+
+def _valid_event(seq: int) -> dict[str, Any]:
+    return {"event_id": f"bad-{seq}", "event_time": BASE_TIME_MS + seq, "customer_id": f"cust-{seq % 10_000:06d}",
+            "amount": 42.5, "currency": "EUR", "merchant_category": "grocery", "merchant_country": "DE",
+            "channel": "pos", "card_present": True, "customer_age": 40, "account_tenure_days": 900, "is_fraud": False}
+
+
+def _dumps(event: dict[str, Any], name: str | None = None, raw_json: str | None = None) -> bytes:
+    """The event as JSON, with `name` dropped, or its value replaced by literal JSON text (NaN, 1e400)."""
+    if raw_json is None:
+        return json.dumps({k: v for k, v in event.items() if k != name}, separators=(",", ":")).encode()
+    text = json.dumps({**event, name: _PLACEHOLDER}, separators=(",", ":"))
+    return text.replace(f'"{_PLACEHOLDER}"', raw_json).encode()
+
+
+def malformed_message(rng: random.Random | np.random.Generator, seq: int) -> tuple[bytes, str]:
+    """The `seq`-th bad message and the reason code TRANSACTION.decode must give it.
+
+    Codes cycle with `seq`, so any 11 consecutive messages cover every kind; `rng` picks
+    the variant within a kind.
+    """
+    code = MALFORMED_KINDS[seq % len(MALFORMED_KINDS)]
+    event = _valid_event(seq)
+    text = _dumps(event)
+    if code == "empty":
+        return b"", code
+    if code == "oversized":
+        return _dumps(event, "memo", '"' + "x" * (4096 + _pick(rng, 2048)) + '"'), code
+    if code == "undecodable":
+        if _pick(rng, 2):  # a Latin-1 producer: valid JSON, invalid UTF-8
+            return json.dumps({**event, "customer_id": "M\u00fcller"}, ensure_ascii=False).encode("latin-1"), code
+        # Leading continuation bytes: no BOM and no NUL, so json sniffs UTF-8 and fails to decode.
+        return bytes(0x80 + _pick(rng, 64) for _ in range(4)) + _random_bytes(rng, 8 + _pick(rng, 200)), code
+    if code == "not_json":
+        variants = (text[:1 + _pick(rng, len(text) - 1)], repr(event).encode(), b'{"amount": 1,}', b"hello kafka")
+        return variants[_pick(rng, len(variants))], code
+    if code == "not_object":
+        variants = (b"[" + text + b"]", b'"an event"', b"42", b"null", b"true")
+        return variants[_pick(rng, len(variants))], code
+    if code == "missing_field":
+        name = _KEYS[_pick(rng, len(_KEYS))]
+        return _dumps(event, name, "null" if _pick(rng, 2) else None), code  # null counts as absent
+    if code == "too_long":
+        name = ("customer_id", "event_id", "currency")[_pick(rng, 3)]
+        return _dumps(event, name, '"' + "x" * (200 + _pick(rng, 1000)) + '"'), code
+    name, raw = _FIELD_BREAKS[code][_pick(rng, len(_FIELD_BREAKS[code]))]
+    return _dumps(event, name, raw), code
+
+
+# --- producing to Kafka ----------------------------------------------------------------
+
+_PRODUCER_DEFAULTS = {
+    "linger.ms": 5,
+    "batch.num.messages": 10_000,
+    "queue.buffering.max.messages": 500_000,
+    # These events compress ~5x with lz4 at ~0.5 µs each (~10% of generating one), so the
+    # broker writes and serves a fifth of the bytes (measured with pyarrow's lz4 on 1k-event batches).
+    "compression.type": "lz4",
+    "acks": "all",
+    "enable.idempotence": True,
+    "delivery.timeout.ms": 30_000,  # a dead broker surfaces as failures within 30 s, not 5 min
+    "delivery.report.only.error": True,  # no per-message Python callback on the happy path
+}
+_SLICE_S = 0.01
+_BURST_S = 0.1  # a stalled producer catches up at most this much, rather than flooding after a pause
+_MAX_BATCH = 4096
+
+
+class _Pacer:
+    """Token bucket refilled at the profile's current rate; None or constant 0 is unthrottled."""
+
+    def __init__(self, profile: Profile | None):
+        unthrottled = profile is None or (isinstance(profile, Constant) and profile.rate == 0)
+        self.profile = None if unthrottled else profile
+        self._tokens, self._last = 0.0, 0.0
+
+    def take(self, elapsed: float) -> int:
+        """How many events may go now, at `elapsed` seconds into the run."""
+        if self.profile is None:
+            return _MAX_BATCH
+        rate = self.profile.rate_at(elapsed)
+        self._tokens = min(self._tokens + rate * (elapsed - self._last), max(rate * _BURST_S, 1.0))
+        self._last = elapsed
+        n = min(int(self._tokens), _MAX_BATCH)
+        self._tokens -= n
+        return n
+
+    def wait_s(self, elapsed: float) -> float:
+        rate = self.profile.rate_at(elapsed) if self.profile else 0.0
+        return min(_SLICE_S, (1.0 - self._tokens) / rate) if rate > 0 else _SLICE_S
+
+
+def _check_topic(producer: Producer, bootstrap: str, topic: str, partitions: int) -> None:
+    try:
+        metadata = producer.list_topics(topic, timeout=10)
+    except KafkaException as e:
+        raise KafkaUnavailable(f"no Kafka broker answered at {bootstrap} within 10 s: {e.args[0].str()}") from None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        raise ConfigError(f"topic {topic!r} does not exist on {bootstrap}; "
+                          f"create it with {partitions} partitions first")
+    if len(found.partitions) != partitions:
+        raise ConfigError(f"topic {topic!r} has {len(found.partitions)} partitions, not {partitions}; pass partitions="
+                          f"{len(found.partitions)} so partition_for() agrees with the topic")
+
+
+def _produce(producer: Producer, topic: str, value: bytes, key: bytes, partition: int, failures: list[str]) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key, partition=partition)
+            return
+        except BufferError:  # librdkafka's queue is full: let it drain, never drop
+            producer.poll(0.01)
+            if failures:  # messages are timing out, so the queue will not drain: the broker is gone
+                raise KafkaUnavailable(f"Kafka stopped accepting events: {failures[0]}") from None
+
+
+def _status(sent: int, bad: int, elapsed: float, current: float) -> Text:
+    return Text(f"load: {current:,.0f} events/s now · {sent:,} sent ({bad:,} bad) · {elapsed:,.1f} s")
+
+
+def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | None = None,
+             count: int | None = None, duration: float | None = None, bad_fraction: float = 0.0, seed: int = 0,
+             drift_at: int | None = None, progress: bool = False,
+             producer_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Produce simulated events (a `bad_fraction` of them malformed) until `count` or `duration`.
+
+    Every message is keyed by its customer id and sent to partition_for(key, partitions).
+    Nothing is dropped: a full local queue is drained and retried; any message Kafka did
+    not acknowledge by the end raises KafkaUnavailable.
+    """
+    if count is None and duration is None:
+        raise ConfigError("run_load needs count= and/or duration=, or it would never stop")
+    if (count is not None and count < 0) or (duration is not None and duration <= 0) or partitions < 1:
+        raise ConfigError(f"need count >= 0, duration > 0, partitions >= 1; got {count}, {duration}, {partitions}")
+    if not 0.0 <= bad_fraction < 1.0:
+        raise ConfigError(f"bad_fraction is a share of events in [0, 1), got {bad_fraction}")
+    failures: list[str] = []
+
+    def on_delivery(err, _msg) -> None:  # called for failures only (delivery.report.only.error)
+        if err is not None:
+            failures.append(str(err))
+
+    config = {**_PRODUCER_DEFAULTS, **(producer_config or {}),
+              "bootstrap.servers": bootstrap, "on_delivery": on_delivery}
+    producer = Producer(config)
+    _check_topic(producer, bootstrap, topic, partitions)
+
+    sim, pacer, bad_rng = BankingSimulator(seed, drift_at=drift_at), _Pacer(profile), random.Random(seed)
+    sent = bad = 0
+    by_reason: dict[str, int] = {}
+    per_partition = [0] * partitions
+    start = time.monotonic()
+    shown_at, shown_sent, current = start, 0, 0.0
+    live = Live(console=Console(stderr=True), refresh_per_second=4) if progress else nullcontext()
+    with live:
+        while count is None or sent < count:
+            now = time.monotonic()
+            if duration is not None and now - start >= duration:
+                break
+            n = pacer.take(now - start)
+            if count is not None:
+                n = min(n, count - sent)
+            if n == 0:
+                producer.poll(pacer.wait_s(now - start))  # sleeps, serving delivery reports meanwhile
+                continue
+            events = sim.events(n)
+            for event, value in zip(events, encode_batch(events), strict=True):
+                key = event["customer_id"].encode()
+                if int((sent + 1) * bad_fraction) > int(sent * bad_fraction):  # evenly spread, exact share
+                    value, code = malformed_message(bad_rng, bad)
+                    bad += 1
+                    by_reason[code] = by_reason.get(code, 0) + 1
+                partition = partition_for(key, partitions)
+                _produce(producer, topic, value, key, partition, failures)
+                per_partition[partition] += 1
+                sent += 1
+            producer.poll(0)
+            if failures:
+                raise KafkaUnavailable(f"Kafka at {bootstrap} did not take events: {failures[0]}")
+            if progress and now - shown_at >= 0.25:
+                current, shown_at, shown_sent = (sent - shown_sent) / (now - shown_at), now, sent
+                live.update(_status(sent, bad, now - start, current))
+        unsent = producer.flush(float(config["delivery.timeout.ms"]) / 1000 + 5)
+        if progress:
+            live.update(_status(sent, bad, time.monotonic() - start, current))
+    if unsent or failures:
+        raise KafkaUnavailable(f"{unsent} event(s) still queued and {len(failures)} failed after flushing to "
+                               f"{bootstrap}: {failures[0] if failures else 'broker did not acknowledge in time'}")
+    seconds = time.monotonic() - start
+    return {"events": sent, "valid": sent - bad, "bad": bad, "bad_by_reason": by_reason,
+            "per_partition": dict(enumerate(per_partition)), "seconds": seconds,
+            "events_per_s": sent / seconds if seconds > 0 else 0.0, "topic": topic}

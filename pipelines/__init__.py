@@ -1,0 +1,1 @@
+"""Pipelines shipped with streamlearn; each module exports PIPELINE."""

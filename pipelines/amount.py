@@ -1,0 +1,47 @@
+"""Spend prediction: how much will this customer spend in this kind of transaction?
+
+A regression on the same banking stream (log amount from who, where and how), proving
+that nothing in streamlearn is specific to classification or to the fraud pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from pipelines.banking import CHANNELS, COUNTRIES, CURRENCIES, MERCHANT_CATEGORIES, TRANSACTION, column, one_hot
+from streamlearn.pipeline import Pipeline
+
+
+class Amount(Pipeline):
+    name = "amount"
+    version = "1"
+    task = "regression"
+    schema = TRANSACTION
+    learning_rate = 3e-3
+    n_features = 3 + len(CURRENCIES) + len(MERCHANT_CATEGORIES) + len(COUNTRIES) + len(CHANNELS)
+
+    def features(self, events: list[dict[str, Any]]) -> np.ndarray:
+        numeric = np.stack([
+            column(events, "customer_age") / 100.0,
+            np.log1p(column(events, "account_tenure_days")) / 10.0,
+            column(events, "card_present"),
+        ], axis=1)
+        return np.concatenate([
+            numeric,
+            one_hot([e["currency"] for e in events], CURRENCIES),
+            one_hot([e["merchant_category"] for e in events], MERCHANT_CATEGORIES),
+            one_hot([e["merchant_country"] for e in events], COUNTRIES),
+            one_hot([e["channel"] for e in events], CHANNELS),
+        ], axis=1, dtype=np.float32)
+
+    def targets(self, events: list[dict[str, Any]]) -> np.ndarray:
+        return np.log1p(column(events, "amount"))  # log space: amounts span five orders of magnitude
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(self.n_features, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0))
+
+
+PIPELINE = Amount

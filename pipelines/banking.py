@@ -1,0 +1,51 @@
+"""The banking-transaction event: one card or account transaction, keyed by customer id.
+
+Shared by the pipelines that learn from the bank's transaction stream (fraud, amount).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from streamlearn.schema import Field, Schema
+
+CURRENCIES = ("EUR", "USD", "GBP", "CHF", "PLN", "SEK")
+MERCHANT_CATEGORIES = ("grocery", "restaurant", "travel", "electronics", "fuel", "fashion",
+                       "gaming", "crypto", "utilities", "health", "cash", "transfer")
+COUNTRIES = ("DE", "FR", "NL", "ES", "IT", "GB", "US", "PL", "CH", "SE", "NG", "RU", "CN", "BR")
+CHANNELS = ("pos", "ecom", "atm", "mobile")
+
+TRANSACTION = Schema(
+    name="banking_transaction",
+    fields=(
+        Field("event_id", "str", max_len=64),
+        Field("event_time", "int", min=0, max=4_102_444_800_000),  # epoch ms, before 2100
+        Field("customer_id", "str", max_len=64),
+        Field("amount", "float", min=0.0, max=10_000_000.0),
+        Field("currency", "str", choices=CURRENCIES),
+        Field("merchant_category", "str", choices=MERCHANT_CATEGORIES),
+        Field("merchant_country", "str", choices=COUNTRIES),
+        Field("channel", "str", choices=CHANNELS),
+        Field("card_present", "bool"),
+        Field("customer_age", "int", min=18, max=120),
+        Field("account_tenure_days", "int", min=0, max=36_500),
+        Field("is_fraud", "bool"),
+    ),
+)
+
+
+def one_hot(values: list[str], vocabulary: tuple[str, ...]) -> np.ndarray:
+    index = {v: i for i, v in enumerate(vocabulary)}
+    out = np.zeros((len(values), len(vocabulary)), dtype=np.float32)
+    out[np.arange(len(values)), [index[v] for v in values]] = 1.0
+    return out
+
+
+def column(events: list[dict[str, Any]], name: str, dtype=np.float32) -> np.ndarray:
+    return np.fromiter((e[name] for e in events), dtype=dtype, count=len(events))
+
+
+def hour_of_day(events: list[dict[str, Any]]) -> np.ndarray:
+    return (column(events, "event_time", np.int64) // 3_600_000 % 24).astype(np.float32)

@@ -1,0 +1,67 @@
+"""Fraud detection: is this transaction fraud? Binary classification with a small MLP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from pipelines.banking import (
+    CHANNELS,
+    COUNTRIES,
+    CURRENCIES,
+    MERCHANT_CATEGORIES,
+    TRANSACTION,
+    column,
+    hour_of_day,
+    one_hot,
+)
+from streamlearn.pipeline import Pipeline
+
+
+class Fraud(Pipeline):
+    name = "fraud"
+    version = "1"
+    task = "classification"
+    schema = TRANSACTION
+    learning_rate = 3e-3
+    n_features = 7 + len(CURRENCIES) + len(MERCHANT_CATEGORIES) + len(COUNTRIES) + len(CHANNELS)
+
+    def features(self, events: list[dict[str, Any]]) -> np.ndarray:
+        hour = hour_of_day(events)
+        numeric = np.stack([
+            np.log1p(column(events, "amount")) / 10.0,
+            column(events, "customer_age") / 100.0,
+            np.log1p(column(events, "account_tenure_days")) / 10.0,
+            column(events, "card_present"),
+            np.sin(hour * (2 * np.pi / 24)),
+            np.cos(hour * (2 * np.pi / 24)),
+            ((hour < 6) | (hour >= 22)).astype(np.float32),  # night: a classic fraud tell
+        ], axis=1)
+        return np.concatenate([
+            numeric,
+            one_hot([e["currency"] for e in events], CURRENCIES),
+            one_hot([e["merchant_category"] for e in events], MERCHANT_CATEGORIES),
+            one_hot([e["merchant_country"] for e in events], COUNTRIES),
+            one_hot([e["channel"] for e in events], CHANNELS),
+        ], axis=1, dtype=np.float32)
+
+    def targets(self, events: list[dict[str, Any]]) -> np.ndarray:
+        return column(events, "is_fraud")
+
+    def build_model(self) -> nn.Module:
+        return FraudMLP(self.n_features)
+
+
+class FraudMLP(nn.Module):
+    def __init__(self, n_features: int, hidden: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, 1))
+
+    def forward(self, x):
+        return self.net(x).squeeze(-1)
+
+
+PIPELINE = Fraud

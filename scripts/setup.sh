@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment outside the clone and link it as .venv.
+# The environment is keyed by a hash of the Python version and the dependency files, so
+# every clone and every CI run on this machine shares one install of torch (several GB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache="${STREAMLEARN_CACHE:-$HOME/.cache/streamlearn}"
+py="${PYTHON:-python3}"
+command -v "$py" >/dev/null || { echo "setup: $py not found; install Python 3.11+ or set PYTHON=" >&2; exit 1; }
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python 3.11+ required ($py is older)" >&2; exit 1; }
+
+key=$( { "$py" -c 'import sys; print(sys.version)'; cat requirements.txt requirements-dev.txt; } | sha256sum | cut -c1-12)
+venv="$cache/venv-$key"
+mkdir -p "$cache"
+
+if [ ! -f "$venv/.complete" ]; then
+  echo "setup: building environment $venv (first run only; torch is large)"
+  # uv resolves and downloads in parallel: minutes instead of pip's tens of minutes for torch.
+  boot="$cache/bootstrap"
+  [ -x "$boot/bin/uv" ] || { "$py" -m venv "$boot" && "$boot/bin/pip" install -q 'uv>=0.9,<1'; }
+  rm -rf "$venv"
+  "$boot/bin/uv" venv -q --python "$py" "$venv"
+  "$boot/bin/uv" pip install -q --python "$venv/bin/python" -r requirements.txt -r requirements-dev.txt
+  touch "$venv/.complete"
+fi
+
+# The package itself is cheap to (re)install, so do it every time: the venv is shared by clones.
+"$cache/bootstrap/bin/uv" pip install -q --python "$venv/bin/python" --no-deps -e .
+ln -sfn "$venv" .venv
+echo "setup: environment ready at .venv -> $venv"

@@ -1,0 +1,142 @@
+"""`streamlearn` command line: thin wrappers that build config, call one function, print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from streamlearn.config import KafkaSettings, TrainConfig
+from streamlearn.errors import StreamlearnError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Continuous training from Kafka on Ray.")
+kafka_app = typer.Typer(no_args_is_help=True, help="The embedded Apache Kafka broker.")
+topics_app = typer.Typer(no_args_is_help=True, help="Topic admin.")
+app.add_typer(kafka_app, name="kafka")
+app.add_typer(topics_app, name="topics")
+
+BOOTSTRAP = typer.Option(None, "--bootstrap", help="Kafka bootstrap servers [env STREAMLEARN_KAFKA_BOOTSTRAP]")
+
+
+def _kafka(bootstrap: str | None) -> KafkaSettings:
+    return KafkaSettings(**({"bootstrap": bootstrap} if bootstrap else {}))
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, default=str), flush=True)
+
+
+@kafka_app.command("up")
+def kafka_up(port: int = typer.Option(9092, help="Listener port; 0 picks a free one."),
+             data_dir: Path | None = typer.Option(None, help="Where the broker keeps its data.")):
+    """Start the embedded broker (idempotent) and print its bootstrap address."""
+    from streamlearn.kafka.broker import EmbeddedKafka
+
+    broker = EmbeddedKafka(port=port, data_dir=data_dir).start()
+    print(broker.bootstrap)
+
+
+@kafka_app.command("down")
+def kafka_down(port: int = 9092, data_dir: Path | None = None):
+    """Stop the embedded broker cleanly (its data stays)."""
+    from streamlearn.kafka.broker import EmbeddedKafka
+
+    stopped = EmbeddedKafka(port=port, data_dir=data_dir).stop()
+    print("stopped" if stopped else "not running")
+
+
+@kafka_app.command("status")
+def kafka_status(bootstrap: str | None = BOOTSTRAP):
+    """Print the bootstrap address; exit 1 when no broker answers there."""
+    from streamlearn.kafka.broker import metadata_ok
+
+    address = _kafka(bootstrap).bootstrap
+    if not metadata_ok(address, timeout=3.0):
+        print(f"no broker answers at {address}", file=sys.stderr)
+        raise typer.Exit(1)
+    print(address)
+
+
+@kafka_app.command("fetch-jars", hidden=True)
+def kafka_fetch_jars():
+    from streamlearn.kafka.broker import fetch_jars
+
+    fetch_jars()
+
+
+@topics_app.command("create")
+def topics_create(topic: str, partitions: int = typer.Option(4, min=1), bootstrap: str | None = BOOTSTRAP):
+    """Create a topic and its dead-letter topic (idempotent)."""
+    from streamlearn.kafka.admin import ensure_topics
+
+    ensure_topics(_kafka(bootstrap), {topic: partitions, f"{topic}.dlq": 1})
+    print(f"{topic} ({partitions} partitions), {topic}.dlq")
+
+
+@app.command()
+def load(bootstrap: str | None = BOOTSTRAP,
+         topic: str = "transactions",
+         partitions: int = typer.Option(4, min=1),
+         rate: float = typer.Option(0.0, help="Events/s; 0 = as fast as possible."),
+         profile: str | None = typer.Option(None, help="constant:R | ramp:A:B:S | step:LO:HI:AT | "
+                                                          "spike:BASE:PEAK:AT:WIDTH | sine:MEAN:AMP:PERIOD"),
+         count: int | None = typer.Option(None, help="Stop after this many events."),
+         duration: float | None = typer.Option(None, help="Stop after this many seconds."),
+         bad_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Fraction of malformed messages."),
+         drift_at: int | None = typer.Option(None, help="Event number where the fraud pattern changes."),
+         seed: int = 0,
+         quiet: bool = typer.Option(False, help="No live progress line.")):
+    """The load generator: simulated customers producing banking events; prints a JSON summary."""
+    from load.generator import run_load
+    from load.profiles import parse_profile
+    from streamlearn.kafka.admin import ensure_topics
+
+    settings = _kafka(bootstrap)
+    chosen = parse_profile(profile) if profile else (parse_profile(f"constant:{rate}") if rate else None)
+    ensure_topics(settings, {topic: partitions, f"{topic}.dlq": 1})
+    summary = run_load(settings.bootstrap, topic, partitions=partitions, profile=chosen, count=count,
+                       duration=duration, bad_fraction=bad_fraction, seed=seed, drift_at=drift_at,
+                       progress=not quiet, producer_config=settings.confluent())
+    _print_json(summary)
+
+
+@app.command()
+def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipelines/, or module:attribute."),
+          bootstrap: str | None = BOOTSTRAP,
+          topic: str = "transactions",
+          workers: int = typer.Option(2, min=1),
+          use_gpu: bool = typer.Option(False, help="NCCL on GPUs instead of gloo on CPUs."),
+          cpus_per_worker: float = 0.5,
+          batch_size: int = 256,
+          checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="Local directory for checkpoints."),
+          checkpoint_every_s: float = 10.0,
+          checkpoint_every_steps: int = 200,
+          keep_checkpoints: int = 5,
+          run_name: str = typer.Option("", help="Checkpoint lineage name (default: the pipeline name)."),
+          max_events: int | None = typer.Option(None, help="Stop after learning/dead-lettering this many."),
+          until_idle: float | None = typer.Option(None, help="Stop after the stream is idle this many seconds."),
+          seed: int = 0):
+    """Train continuously from the topic (bounded with --max-events / --until-idle); prints a JSON summary."""
+    from streamlearn.train.trainer import train as run_training
+
+    cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, use_gpu=use_gpu,
+                      cpus_per_worker=cpus_per_worker, batch_size=batch_size, checkpoint_dir=checkpoint_dir,
+                      checkpoint_every_s=checkpoint_every_s, checkpoint_every_steps=checkpoint_every_steps,
+                      keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,
+                      until_idle_s=until_idle, seed=seed)
+    _print_json(run_training(cfg, _kafka(bootstrap)))
+
+
+def main() -> None:
+    try:
+        app()
+    except StreamlearnError as e:
+        print(f"streamlearn: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Configuration: edge settings (Kafka, secrets) from env, run settings as dataclasses.
+
+Everything validates when it is built, so a wrong value fails at start-up with a
+message that says how to fix it, not minutes later inside a Ray worker.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streamlearn.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def cache_dir() -> Path:
+    """Jars, broker data and the virtual environment live here, outside any clone."""
+    path = Path(os.environ.get("STREAMLEARN_CACHE", Path.home() / ".cache" / "streamlearn"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def repo_file(relative: str) -> Path:
+    path = REPO_ROOT / relative
+    if not path.exists():
+        raise ConfigError(f"{relative} is missing from {REPO_ROOT}; run from a full checkout of streamlearn")
+    return path
+
+
+class KafkaSettings(BaseSettings):
+    """How to reach Kafka. Env: STREAMLEARN_KAFKA_BOOTSTRAP, STREAMLEARN_KAFKA_SASL_PASSWORD, ..."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMLEARN_KAFKA_", frozen=True, extra="forbid")
+
+    bootstrap: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+
+    @model_validator(mode="after")
+    def _sasl_complete(self):
+        if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username
+                                                               and self.sasl_password):
+            raise ValueError("SASL needs sasl_mechanism, sasl_username and sasl_password "
+                             "(env STREAMLEARN_KAFKA_SASL_MECHANISM/_USERNAME/_PASSWORD)")
+        return self
+
+    def confluent(self) -> dict[str, Any]:
+        """Settings for confluent-kafka (librdkafka), the data plane."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "security.protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            conf |= {"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
+                     "sasl.password": self.sasl_password.get_secret_value()}
+        if self.ssl_cafile:
+            conf["ssl.ca.location"] = self.ssl_cafile
+        return conf
+
+    def kafka_python(self) -> dict[str, Any]:
+        """Settings for kafka-python, the control plane (admin, lag, commits)."""
+        conf: dict[str, Any] = {"bootstrap_servers": self.bootstrap, "security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            conf |= {"sasl_mechanism": self.sasl_mechanism, "sasl_plain_username": self.sasl_username,
+                     "sasl_plain_password": self.sasl_password.get_secret_value()}
+        if self.ssl_cafile:
+            conf["ssl_cafile"] = self.ssl_cafile
+        return conf
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One continuous-training run. Defaults suit a 2-core laptop."""
+
+    pipeline: str = "fraud"
+    topic: str = "transactions"
+    dlq_topic: str = ""  # default: "<topic>.dlq"
+    group_id: str = ""  # default: "streamlearn-<pipeline>"
+    workers: int = 2
+    use_gpu: bool = False
+    cpus_per_worker: float = 0.5
+    batch_size: int = 256
+    window_events: int = 8192  # most events one step of the window planner hands out
+    poll_interval_s: float = 0.2  # how often an idle stream is asked for new events
+    checkpoint_every_steps: int = 200
+    checkpoint_every_s: float = 10.0
+    keep_checkpoints: int = 5
+    checkpoint_dir: str = str(Path.home() / "streamlearn-checkpoints")
+    run_name: str = ""  # default: the pipeline name; one name = one checkpoint lineage
+    max_events: int | None = None  # stop once this many events are learned or dead-lettered
+    until_idle_s: float | None = None  # stop after the stream has been empty this long
+    max_failures: int = 5  # worker crashes Ray Train recovers from before giving up
+    metric_window: int = 5000  # prequential metrics over the last N events per rank
+    seed: int = 0
+    timeline: str = ""  # opt-in Chrome-trace file of where each rank spends its time
+
+    def __post_init__(self):
+        def need(ok: bool, message: str):
+            if not ok:
+                raise ConfigError(message)
+
+        need(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
+        need(self.cpus_per_worker > 0, "cpus_per_worker must be > 0 (fractions like 0.5 let workers share a core)")
+        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        need(self.window_events >= self.workers, "window_events must be at least the number of workers")
+        need(self.checkpoint_every_steps >= 1 and self.checkpoint_every_s > 0,
+             "checkpoint_every_steps must be >= 1 and checkpoint_every_s > 0")
+        need(self.keep_checkpoints >= 2, "keep_checkpoints must be >= 2 (the serving model and a newer one)")
+        need(self.max_events is None or self.max_events > 0, "max_events must be positive, or unset to run forever")
+        need(self.until_idle_s is None or self.until_idle_s > 0, "until_idle_s must be positive, or unset")
+        need(self.poll_interval_s > 0, "poll_interval_s must be > 0")
+        need(bool(self.topic), "topic must be set (--topic)")
+        if not self.dlq_topic:
+            object.__setattr__(self, "dlq_topic", f"{self.topic}.dlq")
+        if not self.group_id:
+            object.__setattr__(self, "group_id", f"streamlearn-{self.pipeline.replace(':', '-')}")
+        if not self.run_name:
+            object.__setattr__(self, "run_name", self.pipeline.replace(":", "-").replace(".", "-"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Offsets:
+    """Per partition, the offset up to which every event is learned or dead-lettered."""
+
+    topic: str
+    positions: dict[int, int] = field(default_factory=dict)
+
+    def total(self) -> int:
+        return sum(self.positions.values())

@@ -1,0 +1,1 @@
+"""Ingest: plan offset windows, read them from Kafka, decode and dead-letter."""

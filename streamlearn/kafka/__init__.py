@@ -1,0 +1,1 @@
+"""Kafka: the embedded broker, topic admin, consumer lag."""

@@ -1,0 +1,80 @@
+"""Topic admin and consumer lag, on kafka-python (the control plane; see docs/DECISIONS.md)."""
+
+from __future__ import annotations
+
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from streamlearn.config import KafkaSettings
+from streamlearn.errors import KafkaUnavailable
+from streamlearn.kafka.broker import require_broker
+
+
+def _admin(settings: KafkaSettings) -> KafkaAdminClient:
+    require_broker(settings.bootstrap)  # seconds, where kafka-python alone retries for half a minute
+    try:
+        return KafkaAdminClient(**settings.kafka_python(), client_id="streamlearn-admin", request_timeout_ms=15000)
+    except KafkaError:
+        raise KafkaUnavailable(f"no Kafka broker answers at {settings.bootstrap}; "
+                               "start one with `streamlearn kafka up`") from None
+
+
+def ensure_topics(settings: KafkaSettings, topics: dict[str, int]) -> None:
+    """Create each topic with its partition count unless it exists (idempotent; never shrinks)."""
+    admin = _admin(settings)
+    try:
+        existing = set(admin.list_topics())
+        missing = [NewTopic(name, num_partitions=n, replication_factor=1) for name, n in topics.items()
+                   if name not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing, timeout_ms=15000)
+            except TopicAlreadyExistsError:
+                pass  # a concurrent creator won the race: same outcome
+    finally:
+        admin.close()
+
+
+def _consumer(settings: KafkaSettings, group_id: str | None = None) -> KafkaConsumer:
+    require_broker(settings.bootstrap)
+    try:
+        return KafkaConsumer(**settings.kafka_python(), group_id=group_id, enable_auto_commit=False,
+                             client_id="streamlearn-lag")
+    except KafkaError:
+        raise KafkaUnavailable(f"no Kafka broker answers at {settings.bootstrap}") from None
+
+
+def partitions_of(settings: KafkaSettings, topic: str) -> list[int]:
+    consumer = _consumer(settings)
+    try:
+        return sorted(consumer.partitions_for_topic(topic) or [])
+    finally:
+        consumer.close()
+
+
+def end_offsets(settings: KafkaSettings, topic: str) -> dict[int, int]:
+    consumer = _consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
+    """The group's committed offsets (streamlearn commits only after a checkpoint is durable)."""
+    admin = _admin(settings)
+    try:
+        committed = admin.list_consumer_group_offsets(group_id)
+    except KafkaError:
+        return {}
+    finally:
+        admin.close()
+    return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic and meta.offset >= 0}
+
+
+def consumer_lag(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
+    """Per partition, events not yet in a checkpoint: end offset minus committed offset."""
+    ends = end_offsets(settings, topic)
+    committed = committed_offsets(settings, group_id, topic)
+    return {p: end - committed.get(p, 0) for p, end in ends.items()}

@@ -1,0 +1,197 @@
+"""An embedded Apache Kafka 4.x broker (KRaft, combined broker+controller) run from Maven jars.
+
+No Docker and no tarball: `deploy/kafka/pom.xml` pulls the broker jars from Maven Central
+once into a cache outside the repo, and `java -cp 'jars/*' kafka.Kafka` runs them. Data
+lives in a persistent directory, so a restarted broker still has every event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamlearn.config import cache_dir, repo_file
+from streamlearn.errors import BrokerStartError, ConfigError, KafkaUnavailable
+
+KAFKA_VERSION = "4.3.1"
+JVM_FLAGS = ["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def fetch_jars(version: str = KAFKA_VERSION) -> Path:
+    """Download the broker jars once; later calls return the cached directory."""
+    jars = cache_dir() / f"kafka-{version}"
+    if (jars / f"kafka_2.13-{version}.jar").exists():
+        return jars
+    if not shutil.which("mvn"):
+        raise ConfigError("Maven (mvn) is needed once to fetch the Kafka jars: apt-get install maven")
+    jars.mkdir(parents=True, exist_ok=True)
+    cmd = ["mvn", "-q", "-B", "-f", str(repo_file("deploy/kafka/pom.xml")), "dependency:copy-dependencies",
+           "-DincludeScope=runtime", f"-Dkafka.version={version}", f"-DoutputDirectory={jars}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not (jars / f"kafka_2.13-{version}.jar").exists():
+        shutil.rmtree(jars, ignore_errors=True)
+        raise BrokerStartError(f"fetching Kafka {version} jars failed: {(done.stdout + done.stderr)[-600:]}")
+    return jars
+
+
+def metadata_ok(bootstrap: str, timeout: float = 2.0) -> bool:
+    """True when a broker at `bootstrap` answers a metadata request (not just accepts TCP)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000),
+                         "log_level": 0, "logger": _silent})
+    try:
+        return admin.list_topics(timeout=timeout).brokers != {}
+    except Exception:
+        return False
+
+
+def _silent(*_args) -> None:
+    """librdkafka logs every refused connection; a probe expects refusals."""
+
+
+@dataclass
+class EmbeddedKafka:
+    """One broker on loopback; `port=0` picks free ports."""
+
+    port: int = 9092
+    controller_port: int = 0
+    data_dir: Path | None = None
+    version: str = KAFKA_VERSION
+    start_timeout_s: float = 90.0
+
+    def __post_init__(self):
+        self.port = self.port or free_port()
+        self.data_dir = Path(self.data_dir or cache_dir() / f"broker-{self.port}")
+        self.controller_port = self.controller_port or self._controller_port()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "logs" / "server.log"
+
+    @property
+    def _state_file(self) -> Path:
+        return self.data_dir / "broker.json"
+
+    def pid(self) -> int | None:
+        try:
+            pid = json.loads(self._state_file.read_text())["pid"]
+            os.kill(pid, 0)
+            return pid
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def start(self) -> EmbeddedKafka:
+        if self.pid() and metadata_ok(self.bootstrap):
+            return self  # already ours and serving: `up` is idempotent
+        if not shutil.which("java"):
+            raise ConfigError("Java 17+ is needed to run Kafka: apt-get install openjdk-17-jre-headless")
+        for port in (self.port, self.controller_port):
+            if port_in_use(port):
+                raise BrokerStartError(f"port {port} is taken; stop what uses it or pick another with --port")
+        jars = fetch_jars(self.version)
+        props = self._write_properties()
+        classpath = f"{jars}/*"
+        self._format_storage(classpath, props)
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        out = open(self.data_dir / "logs" / "stdout.log", "ab")
+        proc = subprocess.Popen(
+            ["java", *JVM_FLAGS, f"-Dlog4j2.configurationFile={repo_file('deploy/kafka/log4j2.properties')}",
+             f"-Dkafka.logs.dir={self.data_dir / 'logs'}", "-cp", classpath, "kafka.Kafka", str(props)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._state_file.write_text(json.dumps({"pid": proc.pid, "port": self.port,
+                                                "controller_port": self.controller_port}))
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise BrokerStartError(f"Kafka exited with code {proc.returncode} at start; see {self.log_file}")
+            if metadata_ok(self.bootstrap, timeout=1.0):
+                return self
+            time.sleep(0.3)
+        self.stop()
+        raise BrokerStartError(f"Kafka did not serve metadata within {self.start_timeout_s:.0f}s; see {self.log_file}")
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """SIGTERM (clean shutdown, flushes logs), SIGKILL if it hangs. False if it was not running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        self._state_file.unlink(missing_ok=True)
+        return True
+
+    def _controller_port(self) -> int:
+        # KRaft records the controller's endpoint in its log, so a restart must reuse it.
+        props = self.data_dir / "server.properties"
+        if props.exists():
+            found = re.search(r"^controller\.quorum\.bootstrap\.servers=127\.0\.0\.1:(\d+)$", props.read_text(), re.M)
+            if found:
+                return int(found.group(1))
+        return self.port + 1 if self.port == 9092 else free_port()
+
+    def _write_properties(self) -> Path:
+        base = repo_file("deploy/kafka/server.properties").read_text()
+        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        props = self.data_dir / "server.properties"
+        props.write_text(base + "\n".join([
+            "", "# Filled in by streamlearn for this broker:",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+            f"log.dirs={self.data_dir / 'data'}", ""]))
+        return props
+
+    def _format_storage(self, classpath: str, props: Path) -> None:
+        if (self.data_dir / "data" / "meta.properties").exists():
+            return  # formatted before: keep its data
+        java = ["java", "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool"]
+        cluster_id = subprocess.run([*java, "random-uuid"], capture_output=True, text=True, check=True).stdout.strip()
+        done = subprocess.run([*java, "format", "-t", cluster_id, "-c", str(props), "--standalone", "-g"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BrokerStartError(f"formatting Kafka storage failed: {(done.stdout + done.stderr)[-600:]}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie child of ours is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def require_broker(bootstrap: str) -> None:
+    if not metadata_ok(bootstrap, timeout=3.0):
+        raise KafkaUnavailable(f"no Kafka broker answers at {bootstrap}; start one with `streamlearn kafka up`")

@@ -1,0 +1,1 @@
+"""Continuous DDP training on Ray Train."""

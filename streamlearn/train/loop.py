@@ -1,0 +1,200 @@
+"""The training loop every Ray Train worker runs, top-down.
+
+Each window: rank 0 plans it and every rank gets the plan; each rank reads its slice
+(one window ahead, in the background), learns it predict-then-learn in the same number
+of DDP steps as every other rank, and at checkpoint windows all ranks sum their counters
+and rank 0 reports model + optimizer + offsets. Offsets are committed to the consumer
+group only after `ray.train.report` has persisted the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+
+from streamlearn.config import KafkaSettings, TrainConfig
+from streamlearn.ingest.stream import Batch, WorkerStream
+from streamlearn.ingest.windows import WindowPlanner
+from streamlearn.logs import log
+from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.train import checkpoint as ckpt
+from streamlearn.train.coordinator import Coordinator, broadcast
+from streamlearn.train.lineage import Counters, Lineage
+from streamlearn.train.prequential import SlidingWindow, summarize
+
+
+def train_loop_per_worker(config: dict) -> None:
+    cfg: TrainConfig = config["train"]
+    kafka: KafkaSettings = config["kafka"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    pipeline = load_pipeline(cfg.pipeline)
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng([cfg.seed, rank, int(time.time())])
+    device = ray.train.torch.get_device()
+
+    restored = _restore(ray.train.get_checkpoint())
+    model = pipeline.build_model()
+    if restored:
+        model.load_state_dict(restored[0])
+    model = ray.train.torch.prepare_model(model)
+    optimizer = pipeline.make_optimizer(model.parameters())
+    if restored and restored[1]:
+        optimizer.load_state_dict(restored[1])
+
+    stream = WorkerStream(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world)
+    lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
+    stream.dead_letters.skip_written_since(lineage.dlq_positions)
+    coordinator = _coordinator(cfg, stream, lineage, world) if rank == 0 else None
+    recent = SlidingWindow(cfg.metric_window)
+    delta, loss_sum = Counters(), 0.0
+    log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
+        positions=lineage.positions)
+    try:
+        window = broadcast(coordinator.next_window() if coordinator else None, rank)
+        pending = stream.prefetch(window)
+        while True:
+            batch = pending.result()
+            if not window.stop:  # plan and start reading the next window while this one trains
+                upcoming = broadcast(coordinator.next_window() if coordinator else None, rank)
+                pending = stream.prefetch(upcoming)
+            steps, batch_loss = learn(model, optimizer, pipeline, batch, cfg.batch_size, rng, device, recent)
+            delta.add(Counters(batch.size, batch.dead_lettered, batch.fingerprint, steps))
+            loss_sum += batch_loss
+            lineage.positions.update(window.end_positions())
+            if window.checkpoint:
+                save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, rank)
+                delta, loss_sum = Counters(), 0.0
+            if window.stop:
+                break
+            window = upcoming
+    finally:
+        stream.close()
+    log("worker_stopped", rank=rank, version=lineage.version)
+
+
+def learn(model, optimizer, pipeline: Pipeline, batch: Batch, batch_size: int, rng, device,
+          recent: SlidingWindow) -> tuple[int, float]:
+    """Predict-then-learn over this rank's slice, in exactly as many steps as every other rank."""
+    sizes = _all_sizes(batch.size)  # one small collective tells every rank every rank's size
+    steps = max(math.ceil(n / batch_size) for n in sizes)
+    if steps == 0:
+        return 0, 0.0
+    world = len(sizes)
+    chunks = np.array_split(rng.permutation(batch.size), steps)  # local shuffle across partitions
+    totals = [sum(_split_size(n, steps, s) for n in sizes) for s in range(steps)]
+    features, targets = torch.from_numpy(batch.features), torch.from_numpy(batch.targets)
+    loss_sum = 0.0
+    for idx, total in zip(chunks, totals, strict=True):
+        x, y = features[idx].to(device), targets[idx].to(device)
+        output = model(x)
+        per_event = pipeline.loss(output, y)
+        # Sum, scaled so DDP's mean over ranks equals the mean over the global batch,
+        # however unevenly the window split (an empty rank still joins the allreduce).
+        loss = per_event.sum() * (world / total)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if len(idx):
+            recent.add(pipeline.score(output.detach()).cpu().numpy(), targets[idx].numpy())
+            loss_sum += float(per_event.detach().sum())
+    return steps, loss_sum
+
+
+def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
+         loss_sum: float, recent: SlidingWindow, stream: WorkerStream, rank: int) -> None:
+    """All ranks: flush dead letters, sum counters, gather metric windows; rank 0 writes and reports."""
+    stream.dead_letters.flush()
+    summed = _sum_counters(delta, loss_sum)
+    windows = _gather(recent.arrays())
+    lineage.totals.add(summed[0])
+    lineage.version += 1
+    metrics = {"version": lineage.version, "learned": lineage.totals.learned,
+               "dead_lettered": lineage.totals.dead_lettered, "steps": lineage.totals.steps,
+               "train_loss": summed[1] / max(summed[0].learned, 1)}
+    if rank != 0:
+        ray.train.report(metrics, checkpoint=None)
+        return
+    scores = np.concatenate([w[0] for w in windows])
+    targets = np.concatenate([w[1] for w in windows])
+    metrics["online"] = summarize(pipeline.task, scores, targets)
+    lineage.dlq_positions = stream.dead_letters.positions()
+    meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
+            "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
+    module = model.module if hasattr(model, "module") else model
+    staging = tempfile.mkdtemp(prefix="streamlearn-ckpt-")
+    try:
+        ckpt.write(staging, module.state_dict(), optimizer.state_dict(), meta)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(staging),
+                         checkpoint_dir_name=f"checkpoint_{lineage.version:09d}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    stream.reader.commit(lineage.positions)  # only now: the checkpoint holding them is durable
+    log("checkpoint", pipeline=pipeline.name, rank=rank, version=lineage.version, learned=lineage.totals.learned,
+        dead_lettered=lineage.totals.dead_lettered, online=metrics["online"], train_loss=metrics["train_loss"])
+
+
+def _restore(checkpoint) -> tuple[dict, dict | None, dict] | None:
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        return ckpt.load(directory)
+
+
+def _lineage(cfg: TrainConfig, stream: WorkerStream, restored) -> Lineage:
+    """Rank 0: continue the checkpoint's lineage, or start one at the topic's oldest events."""
+    if restored:
+        lineage = Lineage.from_meta(restored[2])
+    else:
+        lows = {p: low for p, (low, _high) in stream.reader.watermarks(stream.reader.partitions()).items()}
+        lineage = Lineage(cfg.topic, start_offsets=dict(lows), positions=dict(lows))
+    # Versions only move forward, even past a checkpoint written but never registered by Ray.
+    on_disk = ckpt.list_checkpoints(f"{cfg.checkpoint_dir}/{cfg.run_name}")
+    lineage.version = max([lineage.version, *(v for v, _ in on_disk)])
+    return lineage
+
+
+def _coordinator(cfg: TrainConfig, stream: WorkerStream, lineage: Lineage, world: int) -> Coordinator:
+    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=cfg.max_events)
+    return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world))
+
+
+def _all_sizes(n: int) -> list[int]:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [n]
+    sizes = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+    sizes[dist.get_rank()] = n
+    dist.all_reduce(sizes)
+    return sizes.tolist()
+
+
+def _split_size(n: int, parts: int, index: int) -> int:
+    """Size of part `index` when np.array_split cuts n items into `parts`."""
+    return n // parts + (1 if index < n % parts else 0)
+
+
+def _sum_counters(delta: Counters, loss_sum: float) -> tuple[Counters, float]:
+    values = torch.tensor([delta.learned, delta.dead_lettered, delta.fingerprint, delta.steps], dtype=torch.int64)
+    loss = torch.tensor([loss_sum], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values)
+        dist.all_reduce(loss)
+    learned, dead, fp, _steps = values.tolist()
+    # Steps are the same on every rank (lockstep), so take one rank's count rather than the sum.
+    return Counters(learned, dead, fp, delta.steps), float(loss.item())
+
+
+def _gather(arrays):
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [arrays]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, arrays)
+    return out
