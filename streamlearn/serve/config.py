@@ -1,0 +1,112 @@
+"""Settings of the scoring service: where checkpoints appear, how strictly they are gated,
+how the deployment scales, and who may call it.
+
+A frozen dataclass (like TrainConfig) so that one validated value travels unchanged to
+every Ray Serve replica; a wrong value fails on the driver with a message that says how
+to fix it, not later inside a replica that Serve keeps restarting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from streamlearn.errors import ConfigError
+
+TOKEN_ENV = "STREAMLEARN_SERVE_TOKEN"
+# Noticing a new checkpoint within 2 s needs polls well inside that; slower polls would
+# break the freshness promise of the scoring API.
+MAX_POLL_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """One scoring application: a pipeline's model lineage behind HTTP."""
+
+    checkpoint_dir: str = str(Path.home() / "streamlearn-checkpoints")
+    pipeline: str = "fraud"
+    run_name: str = ""  # default: derived from the pipeline name, as TrainConfig does
+    poll_interval_s: float = 0.5
+    quality_tolerance: float = 0.02  # absolute, on the pipeline's headline metric (auc or mae)
+    max_abs_weight: float = 1e4  # a parameter beyond this is a diverged model, not a trained one
+    max_batch: int = 1000  # events per request; more is a 413
+    auth_token: SecretStr | None = None  # default: env STREAMLEARN_SERVE_TOKEN; unset = no auth
+    min_replicas: int = 1
+    max_replicas: int = 2
+    target_ongoing_requests: float = 4.0
+    max_ongoing_requests: int = 16
+    upscale_delay_s: float = 5.0
+    downscale_delay_s: float = 60.0
+    num_cpus: float = 0.25  # per replica: scoring is short and many replicas share a core
+    torch_threads: int = 1  # intra-op threads per replica; replicas, not threads, give parallelism
+    host: str = "127.0.0.1"
+    port: int = 8000
+    route_prefix: str = "/"
+    app_name: str = ""  # default: "score-<run_name>", so several lineages can be served side by side
+
+    def __post_init__(self):
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ConfigError(message)
+
+        need(bool(self.checkpoint_dir), "checkpoint_dir must be set (--checkpoint-dir), the trainer's output directory")
+        need(bool(self.pipeline), "pipeline must be set (--pipeline fraud, or package.module:attribute)")
+        need(0 < self.poll_interval_s <= MAX_POLL_INTERVAL_S,
+             f"poll_interval_s must be in (0, {MAX_POLL_INTERVAL_S}] so a new checkpoint serves within 2 s, "
+             f"got {self.poll_interval_s}")
+        need(self.quality_tolerance >= 0,
+             f"quality_tolerance must be >= 0 (0 = never serve a worse model), got {self.quality_tolerance}")
+        need(self.max_abs_weight > 0, f"max_abs_weight must be > 0, got {self.max_abs_weight}")
+        need(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")
+        need(self.min_replicas >= 1,
+             "min_replicas must be >= 1: with none, the first request waits for a replica to start and load a model")
+        need(self.max_replicas >= self.min_replicas,
+             f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        need(self.target_ongoing_requests > 0, "target_ongoing_requests must be > 0 (e.g. 4)")
+        need(self.max_ongoing_requests >= self.target_ongoing_requests,
+             "max_ongoing_requests must be >= target_ongoing_requests, or the autoscaler never sees the load "
+             "it is asked to react to")
+        need(self.upscale_delay_s >= 0 and self.downscale_delay_s >= 0, "upscale/downscale delays must be >= 0")
+        need(self.num_cpus > 0, "num_cpus must be > 0 (fractions like 0.25 let replicas share a core)")
+        need(self.torch_threads >= 1, f"torch_threads must be >= 1, got {self.torch_threads}")
+        need(0 < self.port <= 65535, f"port must be in 1..65535 (Serve's proxy needs a fixed port), got {self.port}")
+        need(self.route_prefix.startswith("/"), f"route_prefix must start with '/', got {self.route_prefix!r}")
+
+        if not self.run_name:
+            object.__setattr__(self, "run_name", self.pipeline.replace(":", "-").replace(".", "-"))
+        need(re.fullmatch(r"[A-Za-z0-9_.-]+", self.run_name) is not None and self.run_name not in (".", ".."),
+             f"run_name must be a plain directory name (letters, digits, _ . -), got {self.run_name!r}")
+        if not self.app_name:
+            object.__setattr__(self, "app_name", f"score-{self.run_name}")
+
+        token = self.auth_token
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
+        if isinstance(token, str):  # a plain string is accepted and wrapped, so it never prints
+            token = SecretStr(token)
+        if token is not None:
+            need(len(token.get_secret_value()) >= 8,
+                 f"auth_token must have at least 8 characters (set it, or {TOKEN_ENV}, to a long random string)")
+        object.__setattr__(self, "auth_token", token)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.checkpoint_dir) / self.run_name
+
+    @property
+    def url(self) -> str:
+        """Where the application answers once deployed (the proxy's address plus the route prefix)."""
+        return f"http://{self.host}:{self.port}{self.route_prefix.rstrip('/')}"
+
+    def autoscaling(self) -> dict:
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+        }

@@ -1,0 +1,85 @@
+"""The contract every pipeline must keep; runs over every module in pipelines/ that exports PIPELINE."""
+
+import pkgutil
+
+import numpy as np
+import pytest
+import torch
+
+import pipelines
+from load.generator import BankingSimulator
+from streamlearn.errors import BadEvent, PipelineError
+from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.train import checkpoint as ckpt
+
+NAMES = [m.name for m in pkgutil.iter_modules(pipelines.__path__)
+         if hasattr(__import__(f"pipelines.{m.name}", fromlist=["PIPELINE"]), "PIPELINE")]
+
+
+def events(n=512, seed=1):
+    return BankingSimulator(seed=seed).events(n)
+
+
+def train_steps(p: Pipeline, seed: int, steps: int = 5) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = p.build_model()
+    opt = p.make_optimizer(model.parameters())
+    batch = events()
+    x, y = torch.from_numpy(p.features(batch)), torch.from_numpy(p.targets(batch))
+    for _ in range(steps):
+        opt.zero_grad()
+        p.loss(model(x), y).mean().backward()
+        opt.step()
+    return model
+
+
+def test_both_tasks_are_shipped():
+    assert {load_pipeline(n).task for n in NAMES} == {"classification", "regression"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_features_and_targets_shape_dtype(name):
+    p = load_pipeline(name)
+    x, y = p.features(events(64)), p.targets(events(64))
+    assert x.dtype == np.float32 and y.dtype == np.float32
+    assert x.shape[0] == y.shape[0] == 64 and np.isfinite(x).all() and np.isfinite(y).all()
+    assert p.features([]).shape == (0, x.shape[1])
+    assert p.build_model()(torch.from_numpy(x)).shape == (64,)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoint_round_trip_gives_identical_predictions(name, tmp_path):
+    p = load_pipeline(name)
+    model = train_steps(p, seed=3)
+    ckpt.write(tmp_path, model.state_dict(), None, {"version": 1})
+    state, _, meta = ckpt.load(tmp_path)
+    restored = p.build_model()
+    restored.load_state_dict(state)
+    x = torch.from_numpy(p.features(events(100, seed=9)))
+    with torch.no_grad():
+        assert torch.equal(model(x), restored(x))
+    assert meta == {"version": 1}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_seeded_training_is_reproducible(name):
+    p = load_pipeline(name)
+    a, b, c = train_steps(p, seed=7), train_steps(p, seed=7), train_steps(p, seed=8)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_missing_fields_are_rejected_and_extra_fields_ignored(name):
+    p = load_pipeline(name)
+    event = events(1)[0]
+    with pytest.raises(BadEvent, match="missing_field"):
+        p.schema.validate({k: v for k, v in event.items() if k != p.schema.fields[0].name})
+    assert p.schema.validate({**event, "unexpected": 1}) == event
+
+
+def test_unknown_pipeline_says_how_to_fix():
+    with pytest.raises(PipelineError, match="module:attribute"):
+        load_pipeline("no_such_pipeline")
+    with pytest.raises(PipelineError, match="not a streamlearn.pipeline.Pipeline"):
+        load_pipeline("pipelines.banking:TRANSACTION")

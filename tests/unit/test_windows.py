@@ -1,0 +1,47 @@
+from streamlearn.ingest.windows import Window, WindowPlanner, _fair_share
+
+
+def test_slices_cover_each_range_exactly_once_and_evenly():
+    window = Window(0, {0: (10, 21), 1: (0, 3), 2: (5, 5)})
+    for world in (1, 2, 3, 5):
+        seen = {p: [] for p in window.ranges}
+        for rank in range(world):
+            for p, (lo, hi) in window.slice_for(rank, world).items():
+                seen[p].extend(range(lo, hi))
+        for p, (start, end) in window.ranges.items():
+            assert seen[p] == list(range(start, end))
+        sizes = [sum(hi - lo for lo, hi in window.slice_for(r, world).values()) for r in range(world)]
+        assert max(sizes) - min(sizes) <= len(window.ranges)
+
+
+def test_planner_advances_and_caps_the_window():
+    planner = WindowPlanner({0: 0, 1: 0}, window_events=100)
+    first = planner.next({0: 80, 1: 80})
+    assert first.size == 100 and first.ranges[0][0] == 0
+    second = planner.next({0: 80, 1: 80})
+    assert second.size == 60
+    assert {p: r[0] for p, r in second.ranges.items()} == first.end_positions()
+    assert planner.next({0: 80, 1: 80}).size == 0
+
+
+def test_budget_stops_exactly_at_max_events():
+    planner = WindowPlanner({0: 0}, window_events=40, budget=100)
+    sizes = []
+    while True:
+        w = planner.next({0: 1000})
+        sizes.append(w.size)
+        if w.stop:
+            break
+    assert sum(sizes) == 100
+
+
+def test_new_partition_starts_at_zero():
+    planner = WindowPlanner({0: 5}, window_events=100)
+    w = planner.next({0: 10, 1: 3})
+    assert w.ranges == {0: (5, 10), 1: (0, 3)}
+
+
+def test_fair_share_is_proportional_and_exact():
+    take = _fair_share({0: 1000, 1: 10, 2: 0}, 101)
+    assert sum(take.values()) == 101 and take[2] == 0 and take[1] >= 1
+    assert _fair_share({0: 3, 1: 4}, 100) == {0: 3, 1: 4}
