@@ -8,10 +8,10 @@ metrics count by, the whole reason is what the dead-letter topic carries.
 from __future__ import annotations
 
 import math
-
-import orjson
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 from streamlearn.errors import BadEvent, ConfigError
 

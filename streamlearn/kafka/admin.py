@@ -65,7 +65,7 @@ def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dic
     """The group's committed offsets (streamlearn commits only after a checkpoint is durable)."""
     admin = _admin(settings)
     try:
-        committed = admin.list_consumer_group_offsets(group_id)
+        committed = admin.list_group_offsets(group_id).get(group_id, {})
     except KafkaError:
         return {}
     finally:

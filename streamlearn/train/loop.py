@@ -9,10 +9,12 @@ group only after `ray.train.report` has persisted the checkpoint.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import ray.train
@@ -138,8 +140,18 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     stream.reader.commit(lineage.positions)  # only now: the checkpoint holding them is durable
+    _append_history(cfg, {"version": lineage.version, "t": meta["written_at"], "workers": meta["workers"],
+                          "learned": lineage.totals.learned, "dead_lettered": lineage.totals.dead_lettered,
+                          "steps": lineage.totals.steps, "train_loss": metrics["train_loss"], **metrics["online"]})
     log("checkpoint", pipeline=pipeline.name, rank=rank, version=lineage.version, learned=lineage.totals.learned,
         dead_lettered=lineage.totals.dead_lettered, online=metrics["online"], train_loss=metrics["train_loss"])
+
+
+def _append_history(cfg: TrainConfig, row: dict) -> None:
+    """One line per checkpoint in <run dir>/history.jsonl: the curves `streamlearn report` draws."""
+    path = Path(cfg.checkpoint_dir) / cfg.run_name / "history.jsonl"
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def _restore(checkpoint) -> tuple[dict, dict | None, dict] | None:

@@ -38,8 +38,12 @@ def ray_cluster():
     import ray
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "1")
-    ctx = ray.init(num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=False,
-                   log_to_driver=True, configure_logging=False)
+    from streamlearn.kafka.broker import free_port
+
+    # The dashboard serves the state API the fault tests use to find worker processes.
+    ctx = ray.init(num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=True,
+                   dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=True,
+                   configure_logging=False)
     yield ctx
     ray.shutdown()
 

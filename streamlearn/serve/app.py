@@ -1,0 +1,285 @@
+"""The scoring HTTP API, and the Ray Serve deployment that runs it with autoscaling.
+
+`build_app(store, cfg)` is a plain FastAPI app, so the same code runs under Ray Serve
+(`deploy`) and under bare uvicorn (`local_app`, for benchmarks). The body of /score is
+parsed by hand rather than by a pydantic model: the pipeline's schema already says which
+field is wrong in words the dead-letter topic uses, and a hand parse turns every bad
+input into a 4xx with that message instead of a generic validation dump or a 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import re
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from ray import serve
+
+from streamlearn.errors import BadEvent, ConfigError
+from streamlearn.logs import log
+from streamlearn.pipeline import load_pipeline
+from streamlearn.schema import reason_code
+from streamlearn.serve.config import ServeConfig
+from streamlearn.serve.model_store import ModelStore
+from streamlearn.train import checkpoint
+
+_QUOTED_FIELD = re.compile(r"'([^']+)'")
+
+
+class ScoreResponse(BaseModel):
+    scores: list[float]
+    version: int
+    trained_through: dict[str, int]
+    pipeline: str
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+    field: str | None = None
+    index: int | None = None
+    reason: str | None = None
+
+
+class ClientError(Exception):
+    """A request the client must change; becomes a JSON 4xx (or 503) with `detail`."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(detail)
+        self.status, self.detail, self.headers, self.extra = status, detail, headers, extra
+
+
+def _bad_event(err: BadEvent, index: int | None) -> ClientError:
+    # Schema reasons read "<code>: '<field>' ..."; the field is the first quoted name.
+    match = _QUOTED_FIELD.search(err.reason.split(":", 1)[-1])
+    where = f"event {index}: " if index is not None else ""
+    return ClientError(422, where + err.reason, field=match.group(1) if match else None, index=index,
+                       reason=reason_code(err.reason))
+
+
+def build_app(store: ModelStore, cfg: ServeConfig,
+              lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None) -> FastAPI:
+    pipeline = store.pipeline
+    schema = pipeline.schema
+    # Bigger bodies are refused before being read: max_batch events of the largest size.
+    max_body = cfg.max_batch * (schema.max_bytes + 2) + 2
+    event_schema = schema.json_schema() | {"title": f"{schema.name} event"}
+
+    app = FastAPI(title=f"streamlearn scoring: {pipeline.name}", version=str(pipeline.version), lifespan=lifespan,
+                  description=f"Scores {schema.name} events with the newest {pipeline.task} model "
+                              f"that passed its integrity check and quality gate.")
+
+    @app.exception_handler(ClientError)
+    async def _client_error(_request: Request, exc: ClientError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail, **exc.extra}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors())
+        return JSONResponse({"detail": problems or "invalid request"}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: log it in full, answer without internals.
+        log("serve_internal_error", level="error", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); see the replica log"},
+                            status_code=500)
+
+    bearer = HTTPBearer(auto_error=False)  # also documents the security scheme in OpenAPI
+    expected = cfg.auth_token.get_secret_value().encode() if cfg.auth_token else None
+
+    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        given = credentials.credentials.encode() if credentials else b""
+        if not hmac.compare_digest(given, expected):  # constant time: no guessing by timing
+            raise ClientError(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                              headers={"WWW-Authenticate": "Bearer"})
+
+    guarded = [Depends(authorized)] if expected is not None else []  # no per-request cost without a token
+    errors = {code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 503)}
+    body_doc = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "oneOf": [event_schema, {"type": "array", "items": event_schema, "minItems": 1,
+                                 "maxItems": cfg.max_batch}]}}}}}
+
+    @app.post("/score", response_model=ScoreResponse, responses=errors, openapi_extra=body_doc,
+              dependencies=guarded)
+    async def score(request: Request) -> Response:
+        """Score one event, or a list of up to max_batch events."""
+        # async and inline: scoring a typical request takes well under a millisecond, less than
+        # the hop to a thread pool that a sync endpoint would cost.
+        events = _parse_events(await _read_body(request, max_body), cfg.max_batch)
+        valid = []
+        for i, event in enumerate(events):
+            try:
+                valid.append(schema.validate(event))
+            except BadEvent as err:
+                raise _bad_event(err, None if isinstance(events, _Single) else i) from None
+        served = store.current  # read once: this request uses this model and reports its version
+        if served is None:
+            raise ClientError(503, f"no model yet: no checkpoint under {store.run_dir} has passed its checks; "
+                                   "the trainer writes the first one after its first steps",
+                              headers={"Retry-After": "2"})
+        features = pipeline.features(valid)
+        if not np.isfinite(features).all():
+            bad = int(np.flatnonzero(~np.isfinite(features).all(axis=1))[0])
+            raise ClientError(422, f"event {bad}: its values give non-finite features", index=bad,
+                              reason="not_finite")
+        with torch.inference_mode():
+            scores = pipeline.score(served.model(torch.from_numpy(features))).tolist()
+        body = {"scores": scores, "version": served.version, "trained_through": served.trained_through,
+                "pipeline": pipeline.name}
+        return Response(json.dumps(body), media_type="application/json")  # skips FastAPI's slow encoder
+
+    @app.get("/model", responses=errors, dependencies=guarded)
+    async def model_info() -> dict[str, Any]:
+        """The serving version, its offsets and online metrics, the pin, and the last rejection."""
+        return _json_safe(store.status())
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        """Liveness: open without a token. `ready` says whether a model is loaded."""
+        served = store.current
+        return {"status": "ok", "ready": served is not None, "version": served.version if served else None}
+
+    return app
+
+
+class _Single(list):
+    """A body that was one event, not a list: its errors carry no index."""
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ClientError(413, f"body of {declared} bytes is over the limit of {limit}: send fewer events per "
+                               "request")
+    body = await request.body()
+    if len(body) > limit:
+        raise ClientError(413, f"body of {len(body)} bytes is over the limit of {limit}")
+    if not body.strip():
+        raise ClientError(400, "empty body: send one event as a JSON object, or a JSON list of events")
+    return body
+
+
+def _parse_events(body: bytes, max_batch: int) -> list:
+    try:
+        payload = json.loads(body)
+    except UnicodeDecodeError:
+        raise ClientError(400, "body is not UTF-8 text; send JSON") from None
+    except ValueError as e:
+        raise ClientError(400, f"body is not JSON: {getattr(e, 'msg', e)} at position {getattr(e, 'pos', '?')}",
+                          reason="not_json") from None
+    if isinstance(payload, dict):
+        return _Single([payload])
+    if not isinstance(payload, list):
+        raise ClientError(422, f"body must be an event object or a list of events, got {type(payload).__name__}",
+                          reason="not_object")
+    if not payload:
+        raise ClientError(422, "empty list: send at least one event", reason="empty")
+    if len(payload) > max_batch:
+        raise ClientError(413, f"{len(payload)} events in one request, limit {max_batch}: split the batch",
+                          reason="too_many")
+    return payload
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN metrics would make invalid JSON; show them as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+# ---- Ray Serve ------------------------------------------------------------------------
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25})
+@serve.ingress()  # late-bound: the app is built per replica from its config (schema, token)
+class Scorer:
+    def __init__(self, cfg: ServeConfig):
+        torch.set_num_threads(cfg.torch_threads)  # replicas share cores; threads would fight
+        self.cfg = cfg
+        self.store = ModelStore.from_config(cfg)
+        # Load before taking traffic, so a replica added under load never answers 503.
+        self.store.poll_once()
+        self.store.start()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_app(self.store, self.cfg)
+
+    def check_health(self) -> None:
+        if not self.store.alive:  # Serve replaces a replica whose poller died: it would never swap again
+            raise RuntimeError("checkpoint poller thread stopped")
+
+    def __del__(self):
+        self.store.stop(timeout=1.0)
+
+
+def deploy(cfg: ServeConfig) -> str:
+    """Start Serve's proxy on cfg.host:cfg.port (if not yet running) and (re)deploy this
+    application; returns its base URL once a replica is up. Ray must be initialized, or
+    Serve starts a local Ray of its own in this process."""
+    load_pipeline(cfg.pipeline)  # fail here, with its message, not in a replica Serve keeps restarting
+    if checkpoint.newest(cfg.run_dir) is None:
+        log("serve_no_checkpoint_yet", level="warning", run_dir=str(cfg.run_dir),
+            hint="/score answers 503 until the trainer writes a checkpoint")
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    running = _proxy_address()
+    if running is not None and running != (cfg.host, cfg.port):
+        # Serve keeps its first proxy settings; deploying anyway would hand back a wrong URL.
+        raise ConfigError(f"Ray Serve already listens on {running[0]}:{running[1]}; deploy with that host/port "
+                          "(--host/--port), or shut Serve down first (`serve.shutdown()`)")
+    deployment = Scorer.options(
+        autoscaling_config=cfg.autoscaling(),
+        max_ongoing_requests=cfg.max_ongoing_requests,
+        ray_actor_options={"num_cpus": cfg.num_cpus},
+    )
+    serve.run(deployment.bind(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
+    log("serve_deployed", app=cfg.app_name, url=cfg.url, run_dir=str(cfg.run_dir))
+    return cfg.url
+
+
+def _proxy_address() -> tuple[str, int] | None:
+    try:  # private in Ray 2.60: if it moves, skip the check rather than fail the deploy
+        from ray.serve.context import _get_global_client
+
+        http = _get_global_client().http_config
+        return http.host, http.port
+    except Exception:
+        return None
+
+
+def shutdown(cfg: ServeConfig | None = None) -> None:
+    """Remove one application (cfg given), or stop Serve entirely with all its applications."""
+    if cfg is not None:
+        serve.delete(cfg.app_name)
+    else:
+        serve.shutdown()
+
+
+def local_app(cfg: ServeConfig) -> FastAPI:
+    """The same API without Ray, for `uvicorn` (benchmarks, debugging)."""
+    torch.set_num_threads(cfg.torch_threads)
+    store = ModelStore.from_config(cfg)
+    store.poll_once()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        store.start()
+        try:
+            yield
+        finally:
+            store.stop()
+
+    return build_app(store, cfg, lifespan=lifespan)

@@ -1,0 +1,317 @@
+"""Ray Serve scoring end to end: hot swap under load, gate, integrity, pin, bad input, auth, scaling.
+
+Deploying is the slow part on 2 cores, so there are only two applications for the whole
+module: the main one, and a token-protected one on /secure with its own empty lineage that
+covers auth, the 503 before the first checkpoint, and autoscaling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from ray import serve
+
+from streamlearn.errors import ConfigError
+from streamlearn.pipeline import load_pipeline
+from streamlearn.serve.app import deploy, shutdown
+from streamlearn.serve.config import ServeConfig
+from streamlearn.serve.model_store import pin_version, unpin
+from streamlearn.train import checkpoint
+
+pytestmark = pytest.mark.integration
+
+# Replicas report their load every 10 s by default, which would make the autoscaling test
+# wait that long before Serve even sees the load. Read by Serve's actors, so it must be
+# set before the session's Ray starts: module import (collection) comes before any fixture.
+os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1")
+
+FRAUD = load_pipeline("fraud")
+EVENT = {"event_id": "e-1", "event_time": 1_700_000_000_000, "customer_id": "c-42", "amount": 125.5,
+         "currency": "EUR", "merchant_category": "electronics", "merchant_country": "NL", "channel": "ecom",
+         "card_present": False, "customer_age": 37, "account_tenure_days": 800, "is_fraud": False}
+TOKEN = "integration-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_checkpoint(run_dir: Path, version: int, *, auc: float = 0.8, scale: float = 1.0,
+                     corrupt: bool = False) -> Path:
+    """Written beside the run dir and renamed in, so a replica never sees it half-made (and a
+    corrupt one is corrupt from the first moment it is visible)."""
+    torch.manual_seed(version)
+    state = {k: v * scale for k, v in FRAUD.build_model().state_dict().items()}
+    meta = {"version": version, "offsets": {"0": 1000 * version, "1": 900 * version}, "counters": {},
+            "metrics": {"online": {"auc": auc, "logloss": 0.3, "window": 5000}, "train_loss": 0.3},
+            "pipeline": FRAUD.describe(), "written_at": time.time(), "topic": "transactions"}
+    staging = checkpoint.write(run_dir.parent / f".staging-{run_dir.name}-{version}", state, None, meta)
+    if corrupt:
+        data = bytearray((staging / "model.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (staging / "model.pt").write_bytes(bytes(data))
+    final = run_dir / f"checkpoint_{version:09d}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.rename(staging, final)
+    return final
+
+
+def expected_score(path: Path) -> float:
+    state, _, _ = checkpoint.load(path)
+    model = FRAUD.build_model()
+    model.load_state_dict(state)
+    with torch.inference_mode():
+        return float(FRAUD.score(model(torch.from_numpy(FRAUD.features([FRAUD.schema.validate(EVENT)]))))[0])
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def service(ray_cluster, tmp_path_factory):
+    checkpoint_dir = tmp_path_factory.mktemp("serve")
+    cfg = ServeConfig(checkpoint_dir=str(checkpoint_dir), pipeline="fraud", port=free_port(), poll_interval_s=0.25,
+                      max_batch=100, min_replicas=1, max_replicas=1, auth_token=None)
+    paths = {1: write_checkpoint(cfg.run_dir, 1, auc=0.80)}
+    started = time.monotonic()
+    url = deploy(cfg)
+    print(f"deploy took {time.monotonic() - started:.1f}s")
+    client = httpx.Client(base_url=url, timeout=10)
+    try:
+        yield cfg, client, paths
+    finally:
+        client.close()
+        shutdown()
+
+
+def model_info(client: httpx.Client) -> dict:
+    response = client.get("/model")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+class Load(threading.Thread):
+    """A client sending one request after another; records what each answer said."""
+
+    def __init__(self, url: str, token: str | None = None):
+        super().__init__(daemon=True)
+        self.url, self.stop, self.results = url, threading.Event(), []
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def run(self):
+        with httpx.Client(base_url=self.url, timeout=10, headers=self.headers) as client:
+            while not self.stop.is_set():
+                try:
+                    r = client.post("/score", json=EVENT)
+                    body = r.json() if r.status_code == 200 else {}
+                    self.results.append((time.monotonic(), r.status_code, body.get("version"),
+                                         (body.get("scores") or [None])[0]))
+                except httpx.HTTPError as e:
+                    self.results.append((time.monotonic(), repr(e), None, None))
+
+
+def test_swap_under_load(service):
+    cfg, client, paths = service
+    first = client.post("/score", json=EVENT).json()
+    assert first["version"] == 1 and first["pipeline"] == "fraud"
+    assert first["trained_through"] == {"0": 1000, "1": 900}
+
+    loads = [Load(cfg.url) for _ in range(2)]
+    for load in loads:
+        load.start()
+    appeared = {}
+    try:
+        assert wait_for(lambda: all(load.results for load in loads), 10)
+        for version in (2, 3, 4):
+            paths[version] = write_checkpoint(cfg.run_dir, version, auc=0.80 + version / 100)
+            written = time.monotonic()
+            seen = wait_for(lambda v=version: [t for load in loads for t, _, got, _ in load.results if got == v], 5)
+            assert seen, f"version {version} never served"
+            appeared[version] = min(seen) - written
+            time.sleep(0.3)  # some traffic on this version before the next swap
+    finally:
+        for load in loads:
+            load.stop.set()
+        for load in loads:
+            load.join(10)
+
+    results = [r for load in loads for r in load.results]
+    failed = [r for r in results if r[1] != 200]
+    print(f"{len(results)} requests during 3 swaps; new version visible after {appeared}")
+    assert not failed, f"{len(failed)} of {len(results)} requests failed, e.g. {failed[:3]}"
+    for load in loads:  # each client's requests are sequential: its versions must never go back
+        versions = [v for _, _, v, _ in load.results]
+        assert versions == sorted(versions)
+    assert all(delay <= 2.0 for delay in appeared.values()), appeared
+    # each answer's score comes from the model of the version it reports: the swap is atomic
+    expected = {v: expected_score(p) for v, p in paths.items()}
+    for _, _, version, score in results:
+        assert score == pytest.approx(expected[version], abs=1e-5)
+
+
+def test_gate_rejects_degraded_checkpoints(service):
+    cfg, client, paths = service
+    serving = model_info(client)["version"]
+    write_checkpoint(cfg.run_dir, 5, auc=0.99, scale=1e6)  # great meta, blown-up weights
+    info = wait_for(lambda: (i := model_info(client))["last_rejection"] and i["last_rejection"]["version"] == 5
+                    and i, 3)
+    assert info, "weights x1e6 were not rejected"
+    assert info["last_rejection"]["kind"] == "weights" and info["version"] == serving
+
+    write_checkpoint(cfg.run_dir, 6, auc=0.55)  # far below the serving model's online AUC
+    info = wait_for(lambda: (i := model_info(client))["last_rejection"]["version"] == 6 and i, 3)
+    assert info, "a much worse checkpoint was not rejected"
+    assert info["last_rejection"]["kind"] == "quality" and "auc" in info["last_rejection"]["reason"]
+    assert info["rejections"] == {"weights": 1, "quality": 1}
+    assert client.post("/score", json=EVENT).json()["version"] == serving
+
+
+def test_corrupt_checkpoint_is_rejected_and_later_ones_still_swap(service):
+    cfg, client, paths = service
+    serving = model_info(client)["version"]
+    write_checkpoint(cfg.run_dir, 7, corrupt=True)
+    info = wait_for(lambda: (i := model_info(client))["last_rejection"]["version"] == 7 and i, 3)
+    assert info and info["last_rejection"]["kind"] == "integrity" and "checksum" in info["last_rejection"]["reason"]
+    assert client.post("/score", json=EVENT).json()["version"] == serving
+
+    paths[8] = write_checkpoint(cfg.run_dir, 8, auc=0.85)
+    assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == 8, 2.5)
+
+
+def test_pin_rolls_back_and_unpin_returns(service):
+    cfg, client, paths = service
+    pin_version(cfg.checkpoint_dir, cfg.run_name, 2)
+    try:
+        assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == 2, 2.5)
+        info = model_info(client)
+        assert info["pinned"] == 2 and info["serving_pinned"] is True
+    finally:
+        unpin(cfg.checkpoint_dir, cfg.run_name)
+    assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == 8, 2.5)
+    assert model_info(client)["pinned"] is None
+
+
+def _bad(**changes):
+    return {k: v for k, v in (EVENT | changes).items() if v is not ...}
+
+
+@pytest.mark.parametrize("body, status, names", [
+    (_bad(amount="12.5"), 422, "amount"),
+    (_bad(amount={"$gt": 0}), 422, "amount"),
+    (_bad(customer_age=7), 422, "customer_age"),
+    (_bad(currency="XYZ"), 422, "currency"),
+    (_bad(customer_id=...), 422, "customer_id"),  # missing
+    ([EVENT, EVENT, _bad(card_present="yes")], 422, "card_present"),
+    (42, 422, "object"),
+    ([], 422, "empty"),
+    ([EVENT] * 101, 413, "limit 100"),
+    (b"{not json", 400, "not JSON"),
+    (b"", 400, "empty body"),
+    (b"\xff\xfe\x00", 400, "UTF-8"),
+    (b"[" + b" " * 500_000 + b"]", 413, "over the limit"),
+])
+def test_bad_requests_get_4xx_naming_the_problem(service, body, status, names):
+    _, client, _ = service
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = client.post("/score", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    detail = response.json()["detail"]
+    assert names in detail
+    if isinstance(body, list) and status == 422 and body:
+        assert response.json()["index"] == 2 and detail.startswith("event 2:")
+        assert response.json()["field"] == "card_present"
+
+
+def test_healthy_after_bad_input_and_documented(service):
+    _, client, _ = service
+    assert client.get("/score").status_code == 405
+    assert client.get("/healthz").json() == {"status": "ok", "ready": True, "version": 8}
+    response = client.post("/score", json=[EVENT, EVENT])
+    assert response.status_code == 200 and len(response.json()["scores"]) == 2
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/score"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "amount" in body["oneOf"][0]["properties"] and body["oneOf"][1]["maxItems"] == 100
+
+
+@pytest.fixture(scope="module")
+def secure(service):
+    """A second application on /secure: a token, its own (empty) lineage, and autoscaling that
+    reacts to a handful of concurrent requests. One deployment covers auth, 503 and scaling."""
+    cfg, _, _ = service
+    secure = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, pipeline="fraud", run_name="secure", port=cfg.port,
+                         route_prefix="/secure", auth_token=TOKEN, poll_interval_s=0.25, min_replicas=1,
+                         max_replicas=2, target_ongoing_requests=1, max_ongoing_requests=2, upscale_delay_s=0)
+    url = deploy(secure)
+    try:
+        with httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+            yield secure, client
+    finally:
+        shutdown(secure)
+
+
+def test_deploy_refuses_a_second_port(service):
+    cfg, _, _ = service
+    with pytest.raises(ConfigError, match=f"already listens on 127.0.0.1:{cfg.port}"):
+        deploy(replace(cfg, port=cfg.port + 1, app_name="elsewhere"))
+
+
+def test_auth_and_no_model_yet(secure):
+    cfg, client = secure
+    with httpx.Client(base_url=cfg.url, timeout=10) as anonymous:
+        assert anonymous.post("/score", json=EVENT).status_code == 401
+        wrong = anonymous.post("/score", json=EVENT, headers={"Authorization": "Bearer nope-nope-nope"})
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+        assert anonymous.get("/model").status_code == 401
+        assert anonymous.get("/healthz").json()["ready"] is False  # open, and honest
+    before = client.post("/score", json=EVENT)  # authorized, but this lineage has no checkpoint yet
+    assert before.status_code == 503 and "no model yet" in before.json()["detail"]
+    write_checkpoint(cfg.run_dir, 1)
+    assert wait_for(lambda: client.post("/score", json=EVENT).status_code == 200, 2.5)
+    assert client.post("/score", json=EVENT).json()["version"] == 1
+
+
+def test_autoscales_under_load_without_failures(secure):
+    cfg, client = secure
+    if not checkpoint.list_checkpoints(cfg.run_dir):  # when run alone
+        write_checkpoint(cfg.run_dir, 1)
+        assert wait_for(lambda: client.post("/score", json=EVENT).status_code == 200, 2.5)
+
+    def running() -> int:
+        return serve.status().applications[cfg.app_name].deployments["Scorer"].replica_states.get("RUNNING", 0)
+
+    assert running() == 1
+    loads = [Load(cfg.url, TOKEN) for _ in range(4)]
+    started = time.monotonic()
+    try:
+        for load in loads:
+            load.start()
+        assert wait_for(lambda: running() == 2, 45, interval=0.5), "Serve never added a second replica"
+        print(f"second replica running after {time.monotonic() - started:.1f}s")
+        time.sleep(1)  # traffic on both replicas, the new one included
+    finally:
+        for load in loads:
+            load.stop.set()
+        for load in loads:
+            load.join(10)
+    results = [r for load in loads for r in load.results]
+    failed = [r for r in results if r[1] != 200]
+    assert results and not failed, f"{len(failed)} of {len(results)} failed while scaling, e.g. {failed[:3]}"
+    assert {version for _, _, version, _ in results} == {1}  # the new replica loaded before taking traffic
