@@ -130,6 +130,64 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
     _print_json(run_training(cfg, _kafka(bootstrap)))
 
 
+@app.command()
+def demo(duration: float | None = typer.Option(None, help="Stop after this many seconds (default: Ctrl-C)."),
+         pipeline: str = "fraud"):
+    """Run the whole system locally: Kafka, Ray (dashboard), training job, scorer, load generator."""
+    from streamlearn.demo import DemoConfig, run_demo
+
+    run_demo(DemoConfig(duration_s=duration, pipeline=pipeline))
+
+
+serve_app = typer.Typer(no_args_is_help=True, help="The scoring service on Ray Serve.")
+app.add_typer(serve_app, name="serve")
+
+
+@serve_app.command("up")
+def serve_up(pipeline: str = "fraud",
+             checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="The trainer's checkpoint directory."),
+             run_name: str = "", host: str = "127.0.0.1", port: int = 8000,
+             min_replicas: int = 1, max_replicas: int = 2,
+             address: str = typer.Option("auto", help="Ray cluster to deploy on ('auto': the running one).")):
+    """Deploy the scorer on a running Ray cluster; it follows the newest checkpoint."""
+    import ray
+
+    from streamlearn.serve import ServeConfig, deploy
+
+    ray.init(address=address, configure_logging=False)
+    print(deploy(ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name, host=host,
+                             port=port, min_replicas=min_replicas, max_replicas=max_replicas)))
+
+
+@serve_app.command("rollback")
+def serve_rollback(to: int | None = typer.Option(None, "--to", help="Version to pin (default: the one before "
+                                                                      "the newest)."),
+                   pipeline: str = "fraud", run_name: str = "",
+                   checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir)):
+    """Pin an older checkpoint version: every replica serves it until `serve unpin`."""
+    from streamlearn.serve import ServeConfig, pin_version
+    from streamlearn.train.checkpoint import list_checkpoints
+
+    cfg = ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name)
+    if to is None:
+        versions = [v for v, _ in list_checkpoints(cfg.run_dir)]
+        if len(versions) < 2:
+            raise typer.BadParameter(f"no older version to roll back to in {cfg.run_dir}; pass --to VERSION")
+        to = versions[-2]
+    pin_version(checkpoint_dir, cfg.run_name, to)
+    print(f"pinned version {to}; `streamlearn serve unpin` follows the newest again")
+
+
+@serve_app.command("unpin")
+def serve_unpin(pipeline: str = "fraud", run_name: str = "",
+                checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir)):
+    """Follow the newest checkpoint again."""
+    from streamlearn.serve import ServeConfig, unpin
+
+    cfg = ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name)
+    print("unpinned" if unpin(checkpoint_dir, cfg.run_name) else "nothing was pinned")
+
+
 def main() -> None:
     try:
         app()

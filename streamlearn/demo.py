@@ -1,0 +1,141 @@
+"""`make demo`: the whole system on one machine, live.
+
+Starts (and on exit stops, by what it started) an embedded Kafka broker and a Ray head
+with the dashboard, submits continuous training as a Ray job, deploys the scorer on Ray
+Serve, runs the load generator, and shows one live status line until Ctrl-C or --duration.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamlearn.config import REPO_ROOT, KafkaSettings, cache_dir
+from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
+from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
+from streamlearn.train import checkpoint as ckpt
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    duration_s: float | None = None
+    pipeline: str = "fraud"
+    topic: str = "transactions"
+    partitions: int = 4
+    workers: int = 2
+    profile: str = "sine:1500:1000:60"
+    drift_at: int = 150_000
+    dashboard_port: int = 8265
+    serve_port: int = 8000
+    home: Path = cache_dir() / "demo"
+
+
+def run_demo(cfg: DemoConfig) -> None:
+    import ray
+    from ray.job_submission import JobSubmissionClient
+
+    from load.generator import run_load
+    from load.profiles import parse_profile
+    from streamlearn.serve import ServeConfig, deploy
+    from streamlearn.serve import shutdown as serve_shutdown
+
+    checkpoints = cfg.home / "checkpoints"
+    with ExitStack() as cleanup:
+        say("starting Kafka (embedded, KRaft) ...")
+        broker = EmbeddedKafka(port=9092 if not port_in_use(9092) else 0, data_dir=cfg.home / "kafka").start()
+        cleanup.callback(broker.stop)
+        kafka = KafkaSettings(bootstrap=broker.bootstrap)
+        ensure_topics(kafka, {cfg.topic: cfg.partitions, f"{cfg.topic}.dlq": 1})
+
+        say("starting Ray (head + dashboard) ...")
+        dashboard_port = cfg.dashboard_port if not port_in_use(cfg.dashboard_port) else free_port()
+        ctx = ray.init(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
+                       dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
+                       configure_logging=False)
+        cleanup.callback(ray.shutdown)
+        dashboard = f"http://{ctx.dashboard_url}"
+
+        say("submitting continuous training as a Ray job ...")
+        jobs = JobSubmissionClient(dashboard)
+        entrypoint = (f"{sys.executable} -m streamlearn.cli train --pipeline {cfg.pipeline} "
+                      f"--bootstrap {broker.bootstrap} --topic {cfg.topic} --workers {cfg.workers} "
+                      f"--checkpoint-dir {checkpoints} --checkpoint-every-s 5")
+        job_id = jobs.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(REPO_ROOT)})
+        cleanup.callback(lambda: jobs.stop_job(job_id))
+
+        say("deploying the scorer on Ray Serve ...")
+        serve_port = cfg.serve_port if not port_in_use(cfg.serve_port) else free_port()
+        serve_cfg = ServeConfig(checkpoint_dir=str(checkpoints), pipeline=cfg.pipeline, port=serve_port)
+        url = deploy(serve_cfg)
+        cleanup.callback(serve_shutdown)
+
+        generator = threading.Thread(target=run_load, daemon=True, kwargs=dict(
+            bootstrap=broker.bootstrap, topic=cfg.topic, partitions=cfg.partitions,
+            profile=parse_profile(cfg.profile), duration=cfg.duration_s or 10 ** 9, bad_fraction=0.01,
+            drift_at=cfg.drift_at, seed=int(time.time())))
+        generator.start()  # a daemon bounded by --duration: it ends with the demo
+
+        print_banner(dashboard, url, broker.bootstrap, job_id, serve_cfg.run_dir)
+        watch(cfg, kafka, url, serve_cfg.run_dir, until=time.monotonic() + (cfg.duration_s or float("inf")))
+        say("stopping everything the demo started ...")
+
+
+def print_banner(dashboard: str, url: str, bootstrap: str, job_id: str, run_dir: Path) -> None:
+    sample = json.dumps({"event_id": "demo-1", "event_time": int(time.time() * 1000), "customer_id": "c42",
+                         "amount": 912.5, "currency": "EUR", "merchant_category": "electronics",
+                         "merchant_country": "NG", "channel": "ecom", "card_present": False, "customer_age": 23,
+                         "account_tenure_days": 40, "is_fraud": False})
+    print(f"""
+  Ray dashboard   {dashboard}   (job {job_id}: continuous training)
+  Kafka           {bootstrap}   topic transactions, dead letters in transactions.dlq
+  Scoring API     {url}/score   GET {url}/model   GET {url}/healthz   docs {url}/docs
+  Checkpoints     {run_dir}
+
+  Try:  curl -s -X POST {url}/score -H 'content-type: application/json' -d '{sample}'
+
+  Ctrl-C stops everything the demo started.
+""", flush=True)
+
+
+def watch(cfg: DemoConfig, kafka: KafkaSettings, url: str, run_dir: Path, until: float) -> None:
+    """One refreshing status line: events/s in, lag, workers, model version served, online metric."""
+    last_total, last_t = None, time.monotonic()
+    try:
+        while time.monotonic() < until:
+            time.sleep(2.0)
+            total = sum(end_offsets(kafka, cfg.topic).values())
+            now = time.monotonic()
+            rate = 0.0 if last_total is None else (total - last_total) / (now - last_t)
+            last_total, last_t = total, now
+            lag = sum(consumer_lag(kafka, f"streamlearn-{cfg.pipeline}", cfg.topic).values())
+            newest = ckpt.newest(run_dir)
+            meta = ckpt.read_meta(newest) if newest else {}
+            online = meta.get("metrics", {}).get("online", {})
+            served = _served_version(url)
+            metric = " ".join(f"{k}={v:.3f}" for k, v in online.items() if k in ("auc", "logloss", "mae")
+                              and isinstance(v, float))
+            sys.stdout.write(f"\r  in {rate:7.0f} ev/s | lag {lag:7d} | workers {meta.get('workers', '-')} | "
+                             f"learned {meta.get('counters', {}).get('learned', 0):8d} | "
+                             f"checkpoint v{meta.get('version', '-')} | serving v{served} | {metric}   ")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+    print()
+
+
+def _served_version(url: str) -> str:
+    try:
+        with urllib.request.urlopen(f"{url}/model", timeout=2) as r:
+            return str(json.loads(r.read()).get("version") or "-")
+    except Exception:
+        return "-"
+
+
+def say(message: str) -> None:
+    print(f"streamlearn demo: {message}", flush=True)
