@@ -2,6 +2,8 @@
 .PHONY: setup demo test test-unit test-integration lint bench clean-demo
 
 VENV := .venv
+# Jobs and tools started from here find streamlearn and ray on PATH (ray job submit -- streamlearn ...).
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 PY := $(VENV)/bin/python
 DURATION ?= 0
 

@@ -118,6 +118,7 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
           run_name: str = typer.Option("", help="Checkpoint lineage name (default: the pipeline name)."),
           max_events: int | None = typer.Option(None, help="Stop after learning/dead-lettering this many."),
           until_idle: float | None = typer.Option(None, help="Stop after the stream is idle this many seconds."),
+          timeline: str = typer.Option("", help="Write a Chrome trace per rank to PATH.rankN.json."),
           seed: int = 0):
     """Train continuously from the topic (bounded with --max-events / --until-idle); prints a JSON summary."""
     from streamlearn.train.trainer import train as run_training
@@ -126,7 +127,8 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
                       cpus_per_worker=cpus_per_worker, batch_size=batch_size, checkpoint_dir=checkpoint_dir,
                       checkpoint_every_s=checkpoint_every_s, checkpoint_every_steps=checkpoint_every_steps,
                       keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,
-                      until_idle_s=until_idle, seed=seed)
+                      until_idle_s=until_idle, seed=seed,
+                      timeline=str(Path(timeline).resolve()) if timeline else "")
     _print_json(run_training(cfg, _kafka(bootstrap)))
 
 

@@ -19,6 +19,7 @@ from streamlearn.ingest.deadletter import DeadLetters, Decoded, decode
 from streamlearn.ingest.reader import RangeReader
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
+from streamlearn.train.phases import Phases
 
 FINGERPRINT_MOD = 1 << 56  # ranks' partial sums must add up inside an int64
 
@@ -45,8 +46,9 @@ def fingerprint(values) -> int:
 
 class WorkerStream:
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
-                 rank: int, world: int):
+                 rank: int, world: int, phases: Phases | None = None):
         self.pipeline, self.rank, self.world = pipeline, rank, world
+        self.phases = phases or Phases(rank)
         self.reader = RangeReader(settings, topic, group_id)
         self.dead_letters = DeadLetters(settings, dlq_topic, topic)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"fetch-{rank}")
@@ -55,6 +57,10 @@ class WorkerStream:
         return self._pool.submit(self.fetch, window)
 
     def fetch(self, window: Window) -> Batch:
+        with self.phases("fetch", window=window.seq):
+            return self._fetch(window)
+
+    def _fetch(self, window: Window) -> Batch:
         started = time.perf_counter()
         decoded = decode(self.reader.read(window.slice_for(self.rank, self.world)), self.pipeline.schema)
         x, y, decoded = self._featurize(decoded)

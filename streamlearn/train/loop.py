@@ -30,6 +30,7 @@ from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, broadcast
 from streamlearn.train.lineage import Counters, Lineage
+from streamlearn.train.phases import Phases
 from streamlearn.train.prequential import SlidingWindow, summarize
 
 
@@ -52,7 +53,8 @@ def train_loop_per_worker(config: dict) -> None:
     if restored and restored[1]:
         optimizer.load_state_dict(restored[1])
 
-    stream = WorkerStream(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world)
+    phases = Phases(rank, cfg.timeline)
+    stream = WorkerStream(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
     lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
     stream.dead_letters.skip_written_since(lineage.dlq_positions)
     coordinator = _coordinator(cfg, stream, lineage, world) if rank == 0 else None
@@ -61,32 +63,39 @@ def train_loop_per_worker(config: dict) -> None:
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
         positions=lineage.positions)
     try:
-        window = broadcast(coordinator.next_window() if coordinator else None, rank)
+        with phases("plan"):
+            window = broadcast(coordinator.next_window() if coordinator else None, rank)
         pending = stream.prefetch(window)
         while True:
-            batch = pending.result()
+            with phases("wait_data"):
+                batch = pending.result()
             if not window.stop:  # plan and start reading the next window while this one trains
-                upcoming = broadcast(coordinator.next_window() if coordinator else None, rank)
+                with phases("plan"):
+                    upcoming = broadcast(coordinator.next_window() if coordinator else None, rank)
                 pending = stream.prefetch(upcoming)
-            steps, batch_loss = learn(model, optimizer, pipeline, batch, cfg.batch_size, rng, device, recent)
+            steps, batch_loss = learn(model, optimizer, pipeline, batch, cfg.batch_size, rng, device, recent,
+                                      phases)
             delta.add(Counters(batch.size, batch.dead_lettered, batch.fingerprint, steps))
             loss_sum += batch_loss
             lineage.positions.update(window.end_positions())
             if window.checkpoint:
-                save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, rank)
+                with phases("checkpoint"):
+                    save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, rank, phases)
                 delta, loss_sum = Counters(), 0.0
             if window.stop:
                 break
             window = upcoming
     finally:
         stream.close()
+        phases.close()
     log("worker_stopped", rank=rank, version=lineage.version)
 
 
 def learn(model, optimizer, pipeline: Pipeline, batch: Batch, batch_size: int, rng, device,
-          recent: SlidingWindow) -> tuple[int, float]:
+          recent: SlidingWindow, phases: Phases) -> tuple[int, float]:
     """Predict-then-learn over this rank's slice, in exactly as many steps as every other rank."""
-    sizes = _all_sizes(batch.size)  # one small collective tells every rank every rank's size
+    with phases("sync"):
+        sizes = _all_sizes(batch.size)  # one small collective tells every rank every rank's size
     steps = max(math.ceil(n / batch_size) for n in sizes)
     if steps == 0:
         return 0, 0.0
@@ -94,6 +103,13 @@ def learn(model, optimizer, pipeline: Pipeline, batch: Batch, batch_size: int, r
     chunks = np.array_split(rng.permutation(batch.size), steps)  # local shuffle across partitions
     totals = [sum(_split_size(n, steps, s) for n in sizes) for s in range(steps)]
     features, targets = torch.from_numpy(batch.features), torch.from_numpy(batch.targets)
+    loss_sum = 0.0
+    with phases("train", events=batch.size, steps=steps):
+        loss_sum = _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent)
+    return steps, loss_sum
+
+
+def _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent) -> float:
     loss_sum = 0.0
     for idx, total in zip(chunks, totals, strict=True):
         x, y = features[idx].to(device), targets[idx].to(device)
@@ -108,18 +124,18 @@ def learn(model, optimizer, pipeline: Pipeline, batch: Batch, batch_size: int, r
         if len(idx):
             recent.add(pipeline.score(output.detach()).cpu().numpy(), targets[idx].numpy())
             loss_sum += float(per_event.detach().sum())
-    return steps, loss_sum
+    return loss_sum
 
 
 def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
-         loss_sum: float, recent: SlidingWindow, stream: WorkerStream, rank: int) -> None:
+         loss_sum: float, recent: SlidingWindow, stream: WorkerStream, rank: int, phases: Phases) -> None:
     """All ranks: flush dead letters, sum counters, gather metric windows; rank 0 writes and reports."""
     stream.dead_letters.flush()
     summed = _sum_counters(delta, loss_sum)
     windows = _gather(recent.arrays())
     lineage.totals.add(summed[0])
     lineage.version += 1
-    metrics = {"version": lineage.version, "learned": lineage.totals.learned,
+    metrics = {"version": lineage.version, "learned": lineage.totals.learned, "phases_s": phases.take(),
                "dead_lettered": lineage.totals.dead_lettered, "steps": lineage.totals.steps,
                "train_loss": summed[1] / max(summed[0].learned, 1)}
     if rank != 0:
@@ -142,7 +158,8 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     stream.reader.commit(lineage.positions)  # only now: the checkpoint holding them is durable
     _append_history(cfg, {"version": lineage.version, "t": meta["written_at"], "workers": meta["workers"],
                           "learned": lineage.totals.learned, "dead_lettered": lineage.totals.dead_lettered,
-                          "steps": lineage.totals.steps, "train_loss": metrics["train_loss"], **metrics["online"]})
+                          "steps": lineage.totals.steps, "train_loss": metrics["train_loss"],
+                          "phases_s": metrics["phases_s"], **metrics["online"]})
     log("checkpoint", pipeline=pipeline.name, rank=rank, version=lineage.version, learned=lineage.totals.learned,
         dead_lettered=lineage.totals.dead_lettered, online=metrics["online"], train_loss=metrics["train_loss"])
 
