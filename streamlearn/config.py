@@ -7,7 +7,7 @@ message that says how to fix it, not minutes later inside a Ray worker.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,14 +125,3 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Offsets:
-    """Per partition, the offset up to which every event is learned or dead-lettered."""
-
-    topic: str
-    positions: dict[int, int] = field(default_factory=dict)
-
-    def total(self) -> int:
-        return sum(self.positions.values())

@@ -11,10 +11,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
+from confluent_kafka import KafkaException
 
 from streamlearn.config import TrainConfig
+from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.reader import RangeReader
 from streamlearn.ingest.windows import Window, WindowPlanner
+from streamlearn.logs import log
 
 
 def broadcast(obj, rank: int):
@@ -44,7 +47,13 @@ class Coordinator:
             time.sleep(self.cfg.poll_interval_s)  # nothing new last time: don't spin on the broker
         now = time.monotonic()
         idle_stop = self.cfg.until_idle_s is not None and now - self.last_data_t >= self.cfg.until_idle_s
-        highs = {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions(now)).items()}
+        try:
+            highs = {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions(now)).items()}
+        except (KafkaException, KafkaUnavailable) as e:
+            # Broker away: plan nothing and ask again. Training idles instead of failing the
+            # run, and every rank keeps waiting in the plan broadcast, not in an allreduce.
+            log("kafka_unreachable", level="warning", error=str(e)[:200])
+            highs = {}
         window = self.planner.next(highs, stop=idle_stop)
         if window.size:
             self.last_data_t = now

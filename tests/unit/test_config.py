@@ -1,0 +1,35 @@
+import pytest
+from pydantic import ValidationError
+
+from streamlearn.config import KafkaSettings, TrainConfig
+from streamlearn.errors import ConfigError
+
+
+def test_train_config_defaults_derive_names():
+    cfg = TrainConfig(pipeline="fraud", topic="tx")
+    assert (cfg.dlq_topic, cfg.group_id, cfg.run_name) == ("tx.dlq", "streamlearn-fraud", "fraud")
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"workers": 0}, "workers must be >= 1"),
+    ({"cpus_per_worker": 0}, "fractions like 0.5"),
+    ({"keep_checkpoints": 1}, "keep_checkpoints must be >= 2"),
+    ({"topic": ""}, "--topic"),
+    ({"max_events": 0}, "max_events must be positive"),
+])
+def test_train_config_fails_early_saying_how_to_fix(kwargs, says):
+    with pytest.raises(ConfigError, match=says):
+        TrainConfig(**kwargs)
+
+
+def test_sasl_needs_all_its_settings():
+    with pytest.raises(ValidationError, match="SASL needs"):
+        KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512")
+
+
+def test_secrets_never_print_but_reach_the_clients(monkeypatch):
+    monkeypatch.setenv("STREAMLEARN_KAFKA_SASL_PASSWORD", "hunter2-very-secret")
+    s = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="bank")
+    assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
+    assert s.confluent()["sasl.password"] == "hunter2-very-secret"
+    assert s.kafka_python()["sasl_plain_password"] == "hunter2-very-secret"
