@@ -26,7 +26,10 @@ def test_produced_events_arrive_per_partition_and_survive_a_restart(kafka, kafka
     assert not metadata_ok(kafka.bootstrap, timeout=1.0)
     kafka.start()
     assert end_offsets(kafka_settings, topic) == {int(p): n for p, n in summary["per_partition"].items()}
-    assert [m.value for m in read_topic(kafka_settings, topic)] == [m.value for m in messages]
+    def by_position(ms):
+        return sorted((m.partition, m.offset, m.value) for m in ms)
+
+    assert by_position(read_topic(kafka_settings, topic)) == by_position(messages)
 
 
 def test_second_broker_on_a_taken_port_fails_with_a_clear_error(kafka, tmp_path):
