@@ -4,6 +4,9 @@
 VENV := .venv
 # Jobs and tools started from here find streamlearn and ray on PATH (ray job submit -- streamlearn ...).
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
+# The venv is shared by every clone on the machine; this clone's code comes first on the path
+# (for Ray's workers too, which inherit the environment).
+export PYTHONPATH := $(CURDIR)
 PY := $(VENV)/bin/python
 DURATION ?= 0
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from pipelines.banking import CHANNELS, COUNTRIES, CURRENCIES, MERCHANT_CATEGORIES, TRANSACTION, column, one_hot
+from pipelines.banking import N_CATEGORICAL, TRANSACTION, column, with_categoricals
 from streamlearn.pipeline import Pipeline
 
 
@@ -21,7 +21,7 @@ class Amount(Pipeline):
     task = "regression"
     schema = TRANSACTION
     learning_rate = 3e-3
-    n_features = 3 + len(CURRENCIES) + len(MERCHANT_CATEGORIES) + len(COUNTRIES) + len(CHANNELS)
+    n_features = 3 + N_CATEGORICAL
 
     def features(self, events: list[dict[str, Any]]) -> np.ndarray:
         numeric = np.stack([
@@ -29,13 +29,7 @@ class Amount(Pipeline):
             np.log1p(column(events, "account_tenure_days")) / 10.0,
             column(events, "card_present"),
         ], axis=1)
-        return np.concatenate([
-            numeric,
-            one_hot([e["currency"] for e in events], CURRENCIES),
-            one_hot([e["merchant_category"] for e in events], MERCHANT_CATEGORIES),
-            one_hot([e["merchant_country"] for e in events], COUNTRIES),
-            one_hot([e["channel"] for e in events], CHANNELS),
-        ], axis=1, dtype=np.float32)
+        return with_categoricals(numeric, events)
 
     def targets(self, events: list[dict[str, Any]]) -> np.ndarray:
         return np.log1p(column(events, "amount"))  # log space: amounts span five orders of magnitude

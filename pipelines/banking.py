@@ -49,3 +49,14 @@ def column(events: list[dict[str, Any]], name: str, dtype=np.float32) -> np.ndar
 
 def hour_of_day(events: list[dict[str, Any]]) -> np.ndarray:
     return (column(events, "event_time", np.int64) // 3_600_000 % 24).astype(np.float32)
+
+
+CATEGORICAL = (("currency", CURRENCIES), ("merchant_category", MERCHANT_CATEGORIES),
+               ("merchant_country", COUNTRIES), ("channel", CHANNELS))
+N_CATEGORICAL = sum(len(vocabulary) for _, vocabulary in CATEGORICAL)
+
+
+def with_categoricals(numeric: np.ndarray, events: list[dict[str, Any]]) -> np.ndarray:
+    """Numeric columns followed by a one-hot block per categorical field, as float32."""
+    blocks = [one_hot([e[name] for e in events], vocabulary) for name, vocabulary in CATEGORICAL]
+    return np.concatenate([numeric, *blocks], axis=1, dtype=np.float32)

@@ -7,16 +7,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from pipelines.banking import (
-    CHANNELS,
-    COUNTRIES,
-    CURRENCIES,
-    MERCHANT_CATEGORIES,
-    TRANSACTION,
-    column,
-    hour_of_day,
-    one_hot,
-)
+from pipelines.banking import N_CATEGORICAL, TRANSACTION, column, hour_of_day, with_categoricals
 from streamlearn.pipeline import Pipeline
 
 
@@ -26,7 +17,7 @@ class Fraud(Pipeline):
     task = "classification"
     schema = TRANSACTION
     learning_rate = 3e-3
-    n_features = 7 + len(CURRENCIES) + len(MERCHANT_CATEGORIES) + len(COUNTRIES) + len(CHANNELS)
+    n_features = 7 + N_CATEGORICAL
 
     def features(self, events: list[dict[str, Any]]) -> np.ndarray:
         hour = hour_of_day(events)
@@ -39,13 +30,7 @@ class Fraud(Pipeline):
             np.cos(hour * (2 * np.pi / 24)),
             ((hour < 6) | (hour >= 22)).astype(np.float32),  # night: a classic fraud tell
         ], axis=1)
-        return np.concatenate([
-            numeric,
-            one_hot([e["currency"] for e in events], CURRENCIES),
-            one_hot([e["merchant_category"] for e in events], MERCHANT_CATEGORIES),
-            one_hot([e["merchant_country"] for e in events], COUNTRIES),
-            one_hot([e["channel"] for e in events], CHANNELS),
-        ], axis=1, dtype=np.float32)
+        return with_categoricals(numeric, events)
 
     def targets(self, events: list[dict[str, Any]]) -> np.ndarray:
         return column(events, "is_fraud")

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamlearn.cluster import LocalRay
 from streamlearn.config import REPO_ROOT, KafkaSettings, cache_dir
 from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
@@ -46,6 +47,7 @@ def run_demo(cfg: DemoConfig) -> None:
     from streamlearn.serve import shutdown as serve_shutdown
 
     checkpoints = cfg.home / "checkpoints"
+    cfg.home.mkdir(parents=True, exist_ok=True)
     with ExitStack() as cleanup:
         say("starting Kafka (embedded, KRaft) ...")
         broker = EmbeddedKafka(port=9092 if not port_in_use(9092) else 0, data_dir=cfg.home / "kafka").start()
@@ -55,18 +57,18 @@ def run_demo(cfg: DemoConfig) -> None:
 
         say("starting Ray (head + dashboard) ...")
         dashboard_port = cfg.dashboard_port if not port_in_use(cfg.dashboard_port) else free_port()
-        ctx = ray.init(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
-                       dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
-                       configure_logging=False)
+        cluster = LocalRay(dashboard_port=dashboard_port, log_file=cfg.home / "ray.log").start()
+        cleanup.callback(cluster.stop)
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         cleanup.callback(ray.shutdown)
-        dashboard = f"http://{ctx.dashboard_url}"
+        dashboard = cluster.dashboard_url
 
         say("submitting continuous training as a Ray job ...")
         jobs = JobSubmissionClient(dashboard)
         entrypoint = (f"{sys.executable} -m streamlearn.cli train --pipeline {cfg.pipeline} "
                       f"--bootstrap {broker.bootstrap} --topic {cfg.topic} --workers {cfg.workers} "
                       f"--checkpoint-dir {checkpoints} --checkpoint-every-s 5")
-        job_id = jobs.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(REPO_ROOT)})
+        job_id = _submit(jobs, entrypoint)
         cleanup.callback(lambda: jobs.stop_job(job_id))
 
         say("deploying the scorer on Ray Serve ...")
@@ -84,6 +86,18 @@ def run_demo(cfg: DemoConfig) -> None:
         print_banner(dashboard, url, broker.bootstrap, job_id, serve_cfg.run_dir)
         watch(cfg, kafka, url, serve_cfg.run_dir, until=time.monotonic() + (cfg.duration_s or float("inf")))
         say("stopping everything the demo started ...")
+
+
+def _submit(jobs, entrypoint: str, patience_s: float = 60.0) -> str:
+    """Submit once the head's job agent is up: it starts a little after the dashboard answers."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return jobs.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(REPO_ROOT)})
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def print_banner(dashboard: str, url: str, bootstrap: str, job_id: str, run_dir: Path) -> None:
