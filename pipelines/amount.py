@@ -35,7 +35,11 @@ class Amount(Pipeline):
         return np.log1p(column(events, "amount"))  # log space: amounts span five orders of magnitude
 
     def build_model(self) -> nn.Module:
-        return nn.Sequential(nn.Linear(self.n_features, 32), nn.ReLU(), nn.Linear(32, 1), nn.Flatten(0))
+        head = nn.Linear(32, 1)
+        # Start at the typical log amount (~4.3, i.e. ~75 in currency), as a classifier starts
+        # at the prior odds: the first events then teach the pattern, not the scale.
+        nn.init.constant_(head.bias, 4.3)
+        return nn.Sequential(nn.Linear(self.n_features, 32), nn.ReLU(), head, nn.Flatten(0))
 
 
 PIPELINE = Amount

@@ -16,7 +16,7 @@ import numpy as np
 
 from streamlearn.config import KafkaSettings
 from streamlearn.ingest.deadletter import DeadLetters, Decoded, decode
-from streamlearn.ingest.reader import RangeReader
+from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
 from streamlearn.train.phases import Phases
@@ -31,13 +31,17 @@ class Batch:
     window: Window
     features: np.ndarray
     targets: np.ndarray
-    dead_lettered: int
+    bad: list[tuple[Message, str]]  # dead-lettered once this window is learned, not when read
     fingerprint: int  # sum of crc32 over the learned events' bytes: detects double or missed learning
     read_s: float = 0.0
 
     @property
     def size(self) -> int:
         return len(self.targets)
+
+    @property
+    def dead_lettered(self) -> int:
+        return len(self.bad)
 
 
 def fingerprint(values) -> int:
@@ -64,10 +68,15 @@ class WorkerStream:
         started = time.perf_counter()
         decoded = decode(self.reader.read(window.slice_for(self.rank, self.world)), self.pipeline.schema)
         x, y, decoded = self._featurize(decoded)
-        for message, reason in decoded.bad:
-            self.dead_letters.send(message, reason)
-        return Batch(window, x, y, len(decoded.bad), fingerprint(m.value for m in decoded.messages),
+        return Batch(window, x, y, decoded.bad, fingerprint(m.value for m in decoded.messages),
                      time.perf_counter() - started)
+
+    def dead_letter(self, batch: Batch) -> None:
+        """Called in window order after the window is learned. Sending from the read-ahead
+        thread instead would put the next window's dead letters before this checkpoint's
+        dead-letter positions, and a replay after a crash would then write them twice."""
+        for message, reason in batch.bad:
+            self.dead_letters.send(message, reason)
 
     def _featurize(self, decoded: Decoded) -> tuple[np.ndarray, np.ndarray, Decoded]:
         """A pipeline that chokes on a valid event dead-letters that event, not the whole rank."""

@@ -75,6 +75,7 @@ def train_loop_per_worker(config: dict) -> None:
                 pending = stream.prefetch(upcoming)
             steps, batch_loss = learn(model, optimizer, pipeline, batch, cfg.batch_size, rng, device, recent,
                                       phases)
+            stream.dead_letter(batch)
             delta.add(Counters(batch.size, batch.dead_lettered, batch.fingerprint, steps))
             loss_sum += batch_loss
             lineage.positions.update(window.end_positions())

@@ -23,7 +23,8 @@ def test_regression_pipeline_submitted_as_a_ray_job_learns_every_event(kafka, ka
     address = ray_cluster.dashboard_url
     entrypoint = [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "amount",
                   "--bootstrap", kafka.bootstrap, "--topic", topic,
-                  "--workers", "2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--until-idle", "3"]
+                  "--workers", "2", "--batch-size", "32", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                  "--until-idle", "3"]
     ray_cli = str(Path(sys.executable).parent / "ray")
     for _ in range(30):  # a fresh cluster's job agent comes up a little after the dashboard
         done = subprocess.run([ray_cli, "job", "submit", "--address", address,
@@ -39,7 +40,7 @@ def test_regression_pipeline_submitted_as_a_ray_job_learns_every_event(kafka, ka
     targets = np.log1p([TRANSACTION.decode(m.value)["amount"] for m in read_topic(kafka_settings, topic)
                         if _valid(m.value)])
     constant_mae = float(np.abs(targets - np.median(targets)).mean())
-    assert summary["online"]["mae"] < 0.9 * constant_mae, (summary["online"], constant_mae)
+    assert summary["online"]["mae"] < 0.8 * constant_mae, (summary["online"], constant_mae)
 
 
 def _valid(value: bytes) -> bool:
