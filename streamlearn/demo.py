@@ -16,7 +16,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamlearn.cluster import LocalRay
 from streamlearn.config import REPO_ROOT, KafkaSettings, cache_dir
 from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
@@ -57,11 +56,11 @@ def run_demo(cfg: DemoConfig) -> None:
 
         say("starting Ray (head + dashboard) ...")
         dashboard_port = cfg.dashboard_port if not port_in_use(cfg.dashboard_port) else free_port()
-        cluster = LocalRay(dashboard_port=dashboard_port, log_file=cfg.home / "ray.log").start()
-        cleanup.callback(cluster.stop)
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        ctx = ray.init(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
+                       dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
+                       configure_logging=False)
         cleanup.callback(ray.shutdown)
-        dashboard = cluster.dashboard_url
+        dashboard = f"http://{ctx.dashboard_url}"
 
         say("submitting continuous training as a Ray job ...")
         jobs = JobSubmissionClient(dashboard)

@@ -32,20 +32,20 @@ def kafka_settings(kafka) -> KafkaSettings:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
-    """A local Ray head on free loopback ports (dashboard included: the fault tests use its
-    state API), and this process connected to it as the driver."""
+def ray_cluster():
+    """A local Ray cluster. Logical CPUs exceed the 2 real cores on purpose: every actor and
+    worker here asks for a fraction, and the sum must fit the logical count, not the cores."""
     import ray
 
-    from streamlearn.cluster import LocalRay
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "1")
+    from streamlearn.kafka.broker import free_port
 
-    cluster = LocalRay(log_file=tmp_path_factory.mktemp("ray") / "ray.log",
-                       env={"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1"}).start()
-    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "1"  # the driver reads it too
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    yield cluster
+    # The dashboard serves the state API the fault tests use to find worker processes.
+    ctx = ray.init(num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=True,
+                   dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
+                   configure_logging=False)
+    yield ctx
     ray.shutdown()
-    cluster.stop()
 
 
 @pytest.fixture

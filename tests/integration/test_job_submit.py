@@ -20,7 +20,7 @@ def test_regression_pipeline_submitted_as_a_ray_job_learns_every_event(kafka, ka
                                                                        tmp_path):
     """Also the data-agnostic proof: the regression pipeline runs through the same trainer."""
     run_load(kafka.bootstrap, topic, partitions=4, count=6_000, bad_fraction=0.01, seed=4)
-    address = ray_cluster.dashboard_url
+    address = f"http://{ray_cluster.dashboard_url}"
     entrypoint = [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "amount",
                   "--bootstrap", kafka.bootstrap, "--topic", topic,
                   "--workers", "2", "--batch-size", "32", "--checkpoint-dir", str(tmp_path / "ckpt"),

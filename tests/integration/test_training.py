@@ -28,7 +28,7 @@ def config(tmp_path, topic, **overrides) -> TrainConfig:
 def train_workers(ray_cluster) -> list[int]:
     from ray.util.state import list_actors
 
-    alive = list_actors(address=ray_cluster.dashboard_url,
+    alive = list_actors(address=f"http://{ray_cluster.dashboard_url}",
                         filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
     return [a.pid for a in alive]
 
