@@ -56,7 +56,7 @@ def run_demo(cfg: DemoConfig) -> None:
 
         say("starting Ray (head + dashboard) ...")
         dashboard_port = cfg.dashboard_port if not port_in_use(cfg.dashboard_port) else free_port()
-        ctx = ray.init(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
+        ctx = ray.init(address="local", num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
                        dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
                        configure_logging=False)
         cleanup.callback(ray.shutdown)

@@ -41,7 +41,7 @@ def ray_cluster():
     from streamlearn.kafka.broker import free_port
 
     # The dashboard serves the state API the fault tests use to find worker processes.
-    ctx = ray.init(num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=True,
+    ctx = ray.init(address="local", num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=True,
                    dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
                    configure_logging=False)
     yield ctx
