@@ -1,0 +1,100 @@
+"""What every benchmark in load/ shares: its JSON file, its section of BENCHMARKS.md, the machine.
+
+    write_json("scoring", figures)            # docs/bench/scoring.json
+    write_section("scoring", "Title", body)   # between <!-- bench:scoring --> and <!-- /bench:scoring -->
+
+Each benchmark owns one named section of docs/BENCHMARKS.md; rewriting it leaves every
+other section (and any text outside the markers) as it was. Several benchmarks may finish
+at once, so the read-modify-write of the shared file holds an exclusive lock on it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from streamlearn.config import REPO_ROOT
+
+DOCS = REPO_ROOT / "docs"
+BENCH_DIR = DOCS / "bench"
+BENCHMARKS_MD = DOCS / "BENCHMARKS.md"
+HEADER = ("# Benchmarks\n\nWritten by the benchmarks in `load/` (`python -m load.bench_<name>`); each section is "
+          "replaced by its own benchmark and figures are also in `docs/bench/<name>.json`. Machines here are noisy: "
+          "every contender is measured against its baseline in the same run, and figures are medians and ratios.\n")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _plain(obj: Any) -> Any:
+    """JSON without NaN/inf (not valid JSON): they become null; tuples become lists."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def write_json(name: str, figures: dict[str, Any]) -> Path:
+    """docs/bench/<name>.json, with the machine and date; written whole, then renamed in."""
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    path = BENCH_DIR / f"{name}.json"
+    body = {"benchmark": name, "machine": machine_info(), **figures}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_plain(body), indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD) -> Path:
+    """Replace (or append) the section between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    section = f"{start}\n## {title}\n\n{body.rstrip()}\n{end}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    with os.fdopen(fd, "r+", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # another benchmark may be rewriting its own section right now
+        text = f.read() or HEADER
+        i = text.find(start)
+        j = text.find(end, i) if i >= 0 else -1
+        if i >= 0 and j >= 0:
+            text = text[:i] + section + text[j + len(end):]
+        else:
+            text = text.rstrip("\n") + "\n\n" + section + "\n"
+        f.seek(0)
+        f.write(text)
+        f.truncate()
+    return path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    return {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+def machine_line(info: dict[str, Any] | None = None) -> str:
+    """One line for a section: `Machine: 2 cores (nproc), <CPU model>; measured <date>.` Pass the
+    "machine" entry of a stored JSON to describe that run rather than this moment."""
+    m = machine_info() | (info or {})
+    return (f"Machine: {m['nproc']} cores (nproc), {m['cpu']}; Python {m['python']}; measured {m['date']} "
+            f"(1-min load average {m.get('loadavg_1m', '?')} when written).")

@@ -1,0 +1,186 @@
+"""Freshness and swap latency: how soon a served model has learned an event, and what a swap
+costs a caller. One run: Kafka, training (2 workers), the Ray Serve scorer, a steady
+generator and a scoring client, all on this machine.
+
+    python -m load.bench_freshness [--rate 2000] [--seconds 60]
+
+Freshness of an event = the moment the scorer first answers with a version whose
+trained-through offsets include it, minus the event's Kafka timestamp (producer clock =
+this machine's clock). Swap latency = scoring latency of requests that started within one
+second after a version change, against all other requests of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from confluent_kafka import Consumer, TopicPartition
+
+from load.bench_common import machine_line, write_json, write_section
+from load.generator import BankingSimulator, run_load
+from load.profiles import parse_profile
+from streamlearn.config import KafkaSettings, TrainConfig
+from streamlearn.kafka.admin import ensure_topics
+from streamlearn.kafka.broker import EmbeddedKafka, free_port
+
+TOPIC, PARTITIONS = "fresh", 4
+
+
+def watch_versions(url: str, stop: threading.Event, seen: list) -> None:
+    """(time first served, version, trained_through) for every version the scorer serves."""
+    last = None
+    with httpx.Client(timeout=2) as client:
+        while not stop.is_set():
+            try:
+                body = client.get(f"{url}/model").json()
+                if body.get("version") not in (None, last):
+                    last = body["version"]
+                    seen.append((time.time(), last, {int(p): o for p, o in body["trained_through"].items()}))
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+
+
+def score_continuously(url: str, stop: threading.Event, out: list) -> None:
+    event = BankingSimulator(seed=99).events(1)[0]
+    with httpx.Client(timeout=5) as client:
+        while not stop.is_set():
+            started = time.time()
+            try:
+                status = client.post(f"{url}/score", json=event).status_code
+            except httpx.HTTPError:
+                status = 0
+            out.append((started, time.time() - started, status))
+
+
+def produced_timestamps(bootstrap: str) -> list[tuple[int, int, float]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fresh-bench", "enable.auto.commit": False})
+    rows = []
+    for p in range(PARTITIONS):
+        low, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)
+        consumer.assign([TopicPartition(TOPIC, p, low)])
+        while high > low:
+            msg = consumer.poll(5)
+            if msg is None:
+                break
+            rows.append((p, msg.offset(), msg.timestamp()[1] / 1000.0))
+            if msg.offset() + 1 >= high:
+                break
+    consumer.close()
+    return rows
+
+
+def freshness(events: list[tuple[int, int, float]], served: list) -> list[float]:
+    """Seconds from produce to first served model that learned it (events never served are skipped)."""
+    out = []
+    times = [t for t, _, _ in served]
+    for p, offset, produced in events:
+        start = bisect.bisect_left(times, produced)
+        for t, _, through in served[start:]:
+            if through.get(p, 0) > offset:
+                out.append(t - produced)
+                break
+    return out
+
+
+def pct(values, q) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rate", type=float, default=2000)
+    parser.add_argument("--seconds", type=float, default=60)
+    args = parser.parse_args()
+    import ray
+
+    from streamlearn.serve import ServeConfig, deploy
+    from streamlearn.serve import shutdown as serve_shutdown
+    from streamlearn.train.trainer import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
+        try:
+            ensure_topics(KafkaSettings(bootstrap=broker.bootstrap), {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
+            ray.init(address="local", num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+            cfg = TrainConfig(topic=TOPIC, workers=2, checkpoint_dir=str(home / "ckpt"), checkpoint_every_s=1.0,
+                              until_idle_s=5.0, window_events=4096)
+            serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, pipeline="fraud", port=free_port())
+            url = deploy(serve_cfg)
+            stop, served, requests = threading.Event(), [], []
+            threads = [threading.Thread(target=watch_versions, args=(url, stop, served)),
+                       threading.Thread(target=score_continuously, args=(url, stop, requests))]
+            trainer = threading.Thread(target=train, args=(cfg, KafkaSettings(bootstrap=broker.bootstrap)))
+            for t in [*threads, trainer]:
+                t.start()
+            run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, profile=parse_profile(f"constant:{args.rate}"),
+                     duration=args.seconds, seed=21)
+            trainer.join()
+            time.sleep(2)
+            stop.set()
+            for t in threads:
+                t.join()
+            serve_shutdown()
+            ray.shutdown()
+            events = produced_timestamps(broker.bootstrap)
+        finally:
+            broker.stop()
+    report(args, events, served, requests)
+
+
+def report(args, events, served, requests) -> None:
+    warm = served[0][0] if served else float("inf")  # the first model includes start-up; judge steady state
+    steady_events = [e for e in events if e[2] > warm]
+    fresh = freshness(steady_events, served)
+    swaps = [t for t, _, _ in served[1:]]
+    during, steady, failed = [], [], 0
+    for started, latency, status in requests:
+        if started < warm:
+            continue
+        failed += status != 200
+        k = bisect.bisect_right(swaps, started)
+        (during if k and started - swaps[k - 1] < 1.0 else steady).append(latency * 1000)
+    versions = [v for _, v, _ in served]
+    figures = {"rate": args.rate, "seconds": args.seconds, "events_measured": len(fresh),
+               "events_never_served": len(steady_events) - len(fresh), "freshness_p50_s": pct(fresh, 50),
+               "freshness_p99_s": pct(fresh, 99), "versions_served": len(served),
+               "versions_monotonic": versions == sorted(versions), "requests": len(requests),
+               "failed_requests": failed, "steady_p50_ms": pct(steady, 50), "steady_p99_ms": pct(steady, 99),
+               "swap_p50_ms": pct(during, 50), "swap_p99_ms": pct(during, 99),
+               "swap_p99_vs_steady": pct(during, 99) / pct(steady, 99) if steady and during else float("nan"),
+               "median_swap_interval_s": statistics.median(np.diff(swaps)) if len(swaps) > 2 else float("nan")}
+    write_json("freshness", figures)
+    f = figures
+    text = "\n".join([
+        f"Steady {args.rate:,.0f} events/s for {args.seconds:.0f} s; training with 2 workers checkpointing every "
+        f"1 s; one scoring client sending single events back to back. {machine_line()}",
+        "",
+        "| measure | p50 | p99 | target |", "|---|---:|---:|---|",
+        f"| freshness: produced → served model has learned it | {f['freshness_p50_s']:.2f} s | "
+        f"{f['freshness_p99_s']:.2f} s | p99 ≤ 5 s |",
+        f"| scoring latency, steady | {f['steady_p50_ms']:.1f} ms | {f['steady_p99_ms']:.1f} ms | |",
+        f"| scoring latency, ≤ 1 s after a swap | {f['swap_p50_ms']:.1f} ms | {f['swap_p99_ms']:.1f} ms | "
+        f"p99 ≤ 2× steady (here {f['swap_p99_vs_steady']:.2f}×) |",
+        "",
+        f"{f['versions_served']} versions served (a swap every {f['median_swap_interval_s']:.1f} s, median), "
+        f"versions only moved forward: {f['versions_monotonic']}; {f['requests']:,} requests, "
+        f"{f['failed_requests']} failed. {f['events_measured']:,} events measured after the first model was served; "
+        f"{f['events_never_served']} were still unserved when the run ended.",
+    ])
+    write_section("freshness", "Freshness and swap latency (issue: real-time scoring)", text)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

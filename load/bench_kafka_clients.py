@@ -1,0 +1,325 @@
+"""confluent-kafka against kafka-python on one broker, and the load generator's own rate.
+
+    python -m load.bench_kafka_clients [--events 200000] [--repeats 3]
+
+The data behind DESIGN.md's "Kafka clients" decision (confluent-kafka on the data plane,
+kafka-python on the control plane). One embedded broker on loopback, a 4-partition topic,
+the same `--events` pre-encoded JSON banking events (`encode_batch`) for every contender.
+
+- produce: every event sent with its customer id as key to partition_for(key, 4), then a
+  flush; both clients with acks=all, linger 5 ms, ~1 MB batches, no compression.
+- consume: the pre-filled topic read from offset 0 of all 4 partitions by an assigned
+  consumer (no group rebalance); confluent-kafka `consume(10000)`, kafka-python
+  `poll(max_records=10000)`; every value touched.
+- generator: `run_load(count=N)` unthrottled (generation + encoding + confluent producer
+  with the generator's own settings: lz4, idempotent, acks=all), with the process's CPU
+  seconds and the calling thread's CPU seconds beside the wall time.
+
+Each contender runs `--repeats` times, interleaved; figures are medians, ratios are
+confluent/kafka-python. Every run is bounded (`--trial-timeout`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KpTopicPartition
+
+from load.bench_common import machine_line, median, write_json, write_section
+from load.generator import BankingSimulator, bench_generation, encode_batch, partition_for, run_load
+from streamlearn.config import KafkaSettings
+from streamlearn.kafka.admin import ensure_topics
+from streamlearn.kafka.broker import EmbeddedKafka
+
+PARTITIONS = 4
+BATCH_BYTES = 1_000_000
+
+
+class Trial(dict):
+    """One timed run: events, seconds, events_per_s, complete."""
+
+
+def _trial(events: int, seconds: float, expected: int) -> Trial:
+    return Trial(events=events, seconds=seconds, events_per_s=events / seconds if seconds > 0 else 0.0,
+                 complete=events >= expected)
+
+
+def make_records(n: int, seed: int = 0) -> list[tuple[bytes, bytes, int]]:
+    events = BankingSimulator(seed).events(n)
+    out = []
+    for event, value in zip(events, encode_batch(events), strict=True):
+        key = event["customer_id"].encode()
+        out.append((key, value, partition_for(key, PARTITIONS)))
+    return out
+
+
+# ---- produce ------------------------------------------------------------------------------
+
+def produce_confluent(bootstrap: str, topic: str, records: list, timeout: float) -> Trial:
+    failures: list[str] = []
+
+    def on_delivery(err, _msg) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                         "batch.size": BATCH_BYTES, "batch.num.messages": 10_000,
+                         "queue.buffering.max.messages": 500_000, "compression.type": "none",
+                         "on_delivery": on_delivery, "delivery.report.only.error": True})
+    producer.list_topics(topic, timeout=10)  # connect before the clock starts, like kafka-python's bootstrap
+    start = time.perf_counter()
+    deadline = start + timeout
+    sent = 0
+    for key, value, partition in records:
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.005)
+        sent += 1
+        if sent % 10_000 == 0:
+            producer.poll(0)
+            if time.perf_counter() > deadline:
+                break
+    left = producer.flush(max(1.0, deadline - time.perf_counter()))
+    seconds = time.perf_counter() - start
+    if failures:
+        raise RuntimeError(f"confluent producer: {len(failures)} failed deliveries, first: {failures[0]}")
+    return _trial(sent - left, seconds, len(records))
+
+
+def produce_kafka_python(bootstrap: str, topic: str, records: list, timeout: float) -> Trial:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, batch_size=BATCH_BYTES,
+                             compression_type=None)
+    producer.partitions_for(topic)  # metadata before the clock starts
+    start = time.perf_counter()
+    deadline = start + timeout
+    futures = []
+    for i, (key, value, partition) in enumerate(records):
+        futures.append(producer.send(topic, value=value, key=key, partition=partition))
+        if i % 10_000 == 0 and time.perf_counter() > deadline:
+            break
+    producer.flush(timeout=max(1.0, deadline - time.perf_counter()))
+    seconds = time.perf_counter() - start
+    done = sum(1 for f in futures if f.is_done and f.succeeded())
+    failed = [f for f in futures if f.is_done and f.failed()]
+    producer.close(timeout=5)
+    if failed:
+        raise RuntimeError(f"kafka-python producer: {len(failed)} failed sends, first: {failed[0].exception!r}")
+    return _trial(done, seconds, len(records))
+
+
+# ---- consume ------------------------------------------------------------------------------
+
+def consume_confluent(bootstrap: str, topic: str, n: int, timeout: float) -> Trial:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": False})
+    try:
+        start = time.perf_counter()
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        seen = nbytes = 0
+        deadline = start + timeout
+        while seen < n and time.perf_counter() < deadline:
+            for msg in consumer.consume(10_000, timeout=1.0):
+                if msg.error() is None:
+                    seen += 1
+                    nbytes += len(msg.value())
+        return _trial(seen, time.perf_counter() - start, n)
+    finally:
+        consumer.close()
+
+
+def consume_kafka_python(bootstrap: str, topic: str, n: int, timeout: float) -> Trial:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        start = time.perf_counter()
+        parts = [KpTopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        seen = nbytes = 0
+        deadline = start + timeout
+        while seen < n and time.perf_counter() < deadline:
+            for records in consumer.poll(timeout_ms=1000, max_records=10_000).values():
+                for record in records:
+                    seen += 1
+                    nbytes += len(record.value)
+        return _trial(seen, time.perf_counter() - start, n)
+    finally:
+        consumer.close()
+
+
+# ---- generator ----------------------------------------------------------------------------
+
+def generator_trial(bootstrap: str, topic: str, n: int) -> dict[str, Any]:
+    usage0, proc0, thread0, start = (resource.getrusage(resource.RUSAGE_SELF), time.process_time(),
+                                     time.thread_time(), time.perf_counter())
+    summary = run_load(bootstrap, topic, partitions=PARTITIONS, count=n)
+    wall = time.perf_counter() - start
+    usage1, proc1, thread1 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.thread_time()
+    process_cpu = proc1 - proc0
+    return {"events": summary["events"], "seconds": summary["seconds"], "events_per_s": summary["events_per_s"],
+            "wall_s": wall, "process_cpu_s": process_cpu,
+            "rusage_user_s": usage1.ru_utime - usage0.ru_utime, "rusage_sys_s": usage1.ru_stime - usage0.ru_stime,
+            "calling_thread_cpu_s": thread1 - thread0, "cores_used": process_cpu / wall if wall else 0.0}
+
+
+# ---- run ----------------------------------------------------------------------------------
+
+def repeat(label: str, runs: list, fn: Callable[..., Trial], *args: Any) -> None:
+    trial = fn(*args)
+    runs.append(trial)
+    flag = "" if trial["complete"] else "  (INCOMPLETE: hit the trial timeout)"
+    print(f"  {label}: {trial['events']:,} events in {trial['seconds']:.2f} s = {trial['events_per_s']:,.0f}/s{flag}",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trial-timeout", type=float, default=120.0, help="seconds; a run stops there")
+    args = parser.parse_args()
+    n = args.events
+
+    print(f"encoding {n:,} events ...", flush=True)
+    records = make_records(n)
+    avg_bytes = sum(len(v) for _, v, _ in records) / n
+    runs: dict[str, list] = {k: [] for k in ("produce_confluent", "produce_kafka_python",
+                                             "consume_confluent", "consume_kafka_python")}
+    gen_runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-kafka-") as tmp:
+        broker = EmbeddedKafka(port=0, data_dir=tmp).start()
+        try:
+            bootstrap = broker.bootstrap
+            settings = KafkaSettings(bootstrap=bootstrap)
+            topics = {"consume": PARTITIONS, "gen": PARTITIONS}
+            topics |= {f"produce-{c}-{r}": PARTITIONS for c in ("confluent", "kp") for r in range(args.repeats)}
+            ensure_topics(settings, topics)
+            print(f"broker {bootstrap}; filling the consume topic", flush=True)
+            fill = produce_confluent(bootstrap, "consume", records, args.trial_timeout * 2)
+            if not fill["complete"]:
+                raise SystemExit(f"could not fill the consume topic: {fill}")
+            for r in range(args.repeats):
+                print(f"round {r + 1}/{args.repeats}", flush=True)
+                limit = args.trial_timeout
+                repeat("produce confluent-kafka", runs["produce_confluent"], produce_confluent,
+                       bootstrap, f"produce-confluent-{r}", records, limit)
+                repeat("produce kafka-python   ", runs["produce_kafka_python"], produce_kafka_python,
+                       bootstrap, f"produce-kp-{r}", records, limit)
+                repeat("consume confluent-kafka", runs["consume_confluent"], consume_confluent,
+                       bootstrap, "consume", n, limit)
+                repeat("consume kafka-python   ", runs["consume_kafka_python"], consume_kafka_python,
+                       bootstrap, "consume", n, limit)
+            gen_only = [bench_generation(n) for _ in range(args.repeats)]
+            for _ in range(args.repeats):
+                trial = generator_trial(bootstrap, "gen", n)
+                gen_runs.append(trial)
+                print(f"  generator run_load: {trial['events_per_s']:,.0f} events/s, process CPU "
+                      f"{trial['process_cpu_s']:.1f} s over {trial['wall_s']:.1f} s wall", flush=True)
+        finally:
+            broker.stop()
+    report(n, avg_bytes, runs, gen_runs, gen_only)
+
+
+def report(n: int, avg_bytes: float, runs: dict[str, list], gen_runs: list[dict], gen_only: list[float]) -> None:
+    med = {k: median([t["events_per_s"] for t in v]) for k, v in runs.items()}
+    incomplete = {k: sum(not t["complete"] for t in v) for k, v in runs.items()}
+    produce_ratio = med["produce_confluent"] / med["produce_kafka_python"]
+    consume_ratio = med["consume_confluent"] / med["consume_kafka_python"]
+    # Rounds are interleaved, so a round's two clients saw the same machine: the median of the
+    # per-round ratios is the figure least moved by noise between rounds.
+    round_ratio = {op: median([c["events_per_s"] / k["events_per_s"] for c, k in
+                               zip(runs[f"{op}_confluent"], runs[f"{op}_kafka_python"], strict=True)])
+                   for op in ("produce", "consume")}
+    figures = {"events": n, "partitions": PARTITIONS, "avg_event_bytes": avg_bytes,
+               "produce_confluent_events_per_s": med["produce_confluent"],
+               "produce_kafka_python_events_per_s": med["produce_kafka_python"],
+               "produce_ratio_confluent_vs_kafka_python": produce_ratio,
+               "consume_confluent_events_per_s": med["consume_confluent"],
+               "consume_kafka_python_events_per_s": med["consume_kafka_python"],
+               "consume_ratio_confluent_vs_kafka_python": consume_ratio,
+               "produce_ratio_median_of_rounds": round_ratio["produce"],
+               "consume_ratio_median_of_rounds": round_ratio["consume"],
+               "incomplete_runs": incomplete, "runs": runs}
+    write_json("kafka_clients", figures)
+
+    def spread(key: str) -> str:
+        return " / ".join(f"{t['events_per_s'] / 1000:,.0f}k" for t in runs[key])
+
+    body = "\n".join([
+        f"One embedded broker on loopback, {n:,} JSON banking events (`encode_batch`, {avg_bytes:.0f} bytes "
+        f"each), {PARTITIONS} partitions, {len(runs['produce_confluent'])} interleaved runs per contender; "
+        f"medians. {machine_line()}",
+        "",
+        "| operation | confluent-kafka (librdkafka) | kafka-python | ratio of medians | median of per-round ratios |",
+        "|---|---:|---:|---:|---:|",
+        f"| produce (acks=all, linger 5 ms, 1 MB batches, no compression; keyed, explicit partition; incl. flush) "
+        f"| {med['produce_confluent']:,.0f} /s | {med['produce_kafka_python']:,.0f} /s | {produce_ratio:.1f} | "
+        f"{round_ratio['produce']:.1f} |",
+        f"| consume (assigned, from offset 0; `consume(10000)` vs `poll(max_records=10000)`) "
+        f"| {med['consume_confluent']:,.0f} /s | {med['consume_kafka_python']:,.0f} /s | {consume_ratio:.1f} | "
+        f"{round_ratio['consume']:.1f} |",
+        "",
+        f"Runs (events/s): produce confluent {spread('produce_confluent')}; produce kafka-python "
+        f"{spread('produce_kafka_python')}; consume confluent {spread('consume_confluent')}; consume kafka-python "
+        f"{spread('consume_kafka_python')}."
+        + (f" Runs that hit the time limit (rate over what they did): {incomplete}." if any(incomplete.values())
+           else ""),
+        "",
+        "Decision (DESIGN.md, \"Kafka clients\"): confluent-kafka on the data plane (ingest, load generation), "
+        "kafka-python on the control plane (topic admin, lag, group commits), where its rate does not matter.",
+        "",
+        "Reproduce: `python -m load.bench_kafka_clients`.",
+    ])
+    write_section("kafka_clients", "Kafka clients: confluent-kafka vs kafka-python", body)
+
+    for t in gen_runs:
+        t["events_per_cpu_s"] = t["events"] / t["process_cpu_s"] if t["process_cpu_s"] else 0.0
+    g = {k: median([t[k] for t in gen_runs]) for k in gen_runs[0]}
+    gen_only_med = median(gen_only)
+    target = 50_000
+    gen_figures = {"events": n, "partitions": PARTITIONS, "events_per_s": g["events_per_s"],
+                   "target_events_per_s": target, "ratio_to_target": g["events_per_s"] / target,
+                   "meets_target": g["events_per_s"] >= target,
+                   "process_cpu_s": g["process_cpu_s"], "calling_thread_cpu_s": g["calling_thread_cpu_s"],
+                   "wall_s": g["wall_s"], "cores_used": g["cores_used"], "events_per_cpu_s": g["events_per_cpu_s"],
+                   "generation_only_events_per_s": gen_only_med, "generation_only_runs": gen_only, "runs": gen_runs}
+    write_json("generator", gen_figures)
+    gen_body = "\n".join([
+        f"`load.generator.run_load(count={n:,})` unthrottled into a {PARTITIONS}-partition topic on the same broker "
+        f"(generation, encoding and the confluent-kafka producer with the generator's settings: lz4, idempotent, "
+        f"acks=all, flush at the end); {len(gen_runs)} runs, the median of each measure. {machine_line()}",
+        "",
+        "| measure | value | target |",
+        "|---|---:|---|",
+        f"| events/s, end to end (incl. final flush) | {g['events_per_s']:,.0f} | ≥ {target:,} on one core: "
+        f"{'met' if g['events_per_s'] >= target else 'MISSED'} ({g['events_per_s'] / target:.2f}× the target) |",
+        f"| wall seconds | {g['wall_s']:.2f} | |",
+        f"| process CPU seconds (all threads, incl. librdkafka's) | {g['process_cpu_s']:.2f} | |",
+        f"| CPU seconds of the calling (Python) thread | {g['calling_thread_cpu_s']:.2f} | |",
+        f"| cores used = process CPU / wall | {g['cores_used']:.2f} | ≤ 1 |",
+        f"| events per CPU second of the process (the rate one fully busy core would give) | "
+        f"{g['events_per_cpu_s']:,.0f} | |",
+        f"| generation + encoding only, no Kafka (`bench_generation`) | {gen_only_med:,.0f} events/s | |",
+        "",
+        "Runs (events/s): " + " / ".join(f"{t['events_per_s']:,.0f}" for t in gen_runs) + ".",
+        "",
+        "Reproduce: `python -m load.bench_kafka_clients` (writes this section too).",
+    ])
+    write_section("generator", "Load generator rate (issue: load generator)", gen_body)
+    print(json.dumps({k: v for k, v in figures.items() if k != "runs"}))
+    print(json.dumps({k: v for k, v in gen_figures.items() if k != "runs"}))
+
+
+if __name__ == "__main__":
+    main()
