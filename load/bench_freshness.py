@@ -103,6 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
+    from streamlearn.localray import start_local_ray
     from streamlearn.serve import ServeConfig, deploy
     from streamlearn.serve import shutdown as serve_shutdown
     from streamlearn.train.trainer import train
@@ -112,8 +113,8 @@ def main() -> None:
         broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
         try:
             ensure_topics(KafkaSettings(bootstrap=broker.bootstrap), {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
-            ray.init(address="local", num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
+                            log_to_driver=False, configure_logging=False)
             cfg = TrainConfig(topic=TOPIC, workers=2, checkpoint_dir=str(home / "ckpt"), checkpoint_every_s=1.0,
                               until_idle_s=5.0, window_events=4096)
             serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, pipeline="fraud", port=free_port())

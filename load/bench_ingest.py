@@ -29,6 +29,7 @@ from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import BadEvent
 from streamlearn.kafka.admin import ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka
+from streamlearn.localray import start_local_ray
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train.trainer import run_dir, train
 
@@ -85,6 +86,7 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path) -> dict:
 def ray_data_windows(bootstrap: str, n: int, window: int) -> dict:
     import ray
 
+
     pipeline = load_pipeline("fraud")
 
     def decode(batch):
@@ -128,8 +130,8 @@ def main() -> None:
             ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
             run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
             base = [baseline(broker.bootstrap, args.events) for _ in range(3)]
-            ray.init(address="local", num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
+                            log_to_driver=False, configure_logging=False)
             runs = {w: pipeline_rate(broker.bootstrap, args.events, w, home) for w in (2, 1)}
             rd = ray_data_windows(broker.bootstrap, args.events, 16384)
             ray.shutdown()

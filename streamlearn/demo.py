@@ -42,6 +42,7 @@ def run_demo(cfg: DemoConfig) -> None:
 
     from load.generator import run_load
     from load.profiles import parse_profile
+    from streamlearn.localray import start_local_ray
     from streamlearn.serve import ServeConfig, deploy
     from streamlearn.serve import shutdown as serve_shutdown
 
@@ -56,9 +57,9 @@ def run_demo(cfg: DemoConfig) -> None:
 
         say("starting Ray (head + dashboard) ...")
         dashboard_port = cfg.dashboard_port if not port_in_use(cfg.dashboard_port) else free_port()
-        ctx = ray.init(address="local", num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
-                       dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
-                       configure_logging=False)
+        ctx = start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
+                              dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
+                              configure_logging=False)
         cleanup.callback(ray.shutdown)
         dashboard = f"http://{ctx.dashboard_url}"
 

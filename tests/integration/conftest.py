@@ -37,13 +37,15 @@ def ray_cluster():
     worker here asks for a fraction, and the sum must fit the logical count, not the cores."""
     import ray
 
+    from streamlearn.localray import start_local_ray
+
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "1")
     from streamlearn.kafka.broker import free_port
 
     # The dashboard serves the state API the fault tests use to find worker processes.
-    ctx = ray.init(address="local", num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=True,
-                   dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
-                   configure_logging=False)
+    ctx = start_local_ray(num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=True,
+                          dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
+                          configure_logging=False)
     yield ctx
     ray.shutdown()
 
