@@ -99,6 +99,11 @@ end
 """
 
 
+def base_name(name: str) -> str:
+    """`haproxy_r1#2` is a second measurement of `haproxy_r1` in the same run (an A/B repeat)."""
+    return name.split("#", 1)[0]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -294,7 +299,7 @@ def serve_child(spec: dict[str, Any]) -> None:
 
 class ServeVariant:
     def __init__(self, name: str, cfg, tmp: Path, start_timeout: float):
-        desc, env, overrides, *rest = VARIANTS[name]
+        desc, env, overrides, *rest = VARIANTS[base_name(name)]
         self.name, self.desc, self.env = name, desc, env
         self.cfg = cfg_kwargs(cfg, port=free_port(), **overrides)
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="slr-", dir="/tmp"))  # short: Ray's socket paths have a limit
@@ -446,7 +451,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="per wrk run")
     parser.add_argument("--warmup", type=float, default=3.0, help="wrk at 8 connections before measuring")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated, from: {', '.join(VARIANTS)}")
+                        help=f"comma-separated, from: {', '.join(VARIANTS)}; NAME#2 measures NAME again")
     parser.add_argument("--start-timeout", type=float, default=240.0, help="seconds for Ray + deploy per variant")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     parser.add_argument("--merge", action="store_true",
@@ -467,7 +472,7 @@ def main() -> None:
         sys.exit("wrk is not installed: this benchmark drives HTTP with wrk. Install it with "
                  "`apt-get update && apt-get install -y wrk` (Debian/Ubuntu), then run again.")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in names if v not in VARIANTS]
+    unknown = [v for v in names if base_name(v) not in VARIANTS]
     if unknown:
         sys.exit(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
 
@@ -487,12 +492,13 @@ def main() -> None:
             reference = answer["scores"]
             wrk(plain_url, script, 8, args.warmup)
             for name in names:
-                print(f"[{name}] {VARIANTS[name][0]}", flush=True)
+                spec = VARIANTS[base_name(name)]
+                desc = spec[0] + (f" (repeat {name.split('#', 1)[1]})" if "#" in name else "")
+                print(f"[{name}] {desc}", flush=True)
                 base = measure(plain_url, script, args.seconds, "plain uvicorn")
                 row: dict[str, Any] = {"measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                                       "variant": name, "description": VARIANTS[name][0], "env": VARIANTS[name][1],
-                                       "overrides": VARIANTS[name][2], "baseline": base,
-                                       "deploy_options": VARIANTS[name][3] if len(VARIANTS[name]) > 3 else None}
+                                       "variant": name, "description": desc, "env": spec[1], "overrides": spec[2],
+                                       "baseline": base, "deploy_options": spec[3] if len(spec) > 3 else None}
                 variant = None
                 try:
                     variant = start_variant(name, cfg, tmp, args.start_timeout)
@@ -505,7 +511,7 @@ def main() -> None:
                     row["serve"] = measure(variant.url, script, args.seconds, name)
                     direct = [a.split()[0] for a in row["listening"] if a.startswith("127.0.0.1:")
                               and "ServeRepli" in a]
-                    if VARIANTS[name][1].get("RAY_SERVE_ENABLE_HA_PROXY") and len(direct) == 1:
+                    if spec[1].get("RAY_SERVE_ENABLE_HA_PROXY") and len(direct) == 1:
                         # Where the time goes: the same replica without HAProxy in front (c=8 only).
                         row["replica_direct_8c"] = wrk(f"http://{direct[0]}", script, 8, args.seconds)
                         d = row["replica_direct_8c"]
