@@ -244,7 +244,7 @@ def deploy(cfg: ServeConfig) -> str:
         autoscaling_config=cfg.autoscaling(),
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options={"num_cpus": cfg.num_cpus},
-        # A per-request access-log line cost ~25% of throughput on 2 cores (load/bench_scoring.py);
+        # A per-request access-log line roughly doubled p99 on 2 cores (load/bench_scoring.py);
         # swaps, rejections and errors still log (WARNING and our own structured lines).
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
