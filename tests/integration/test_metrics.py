@@ -1,0 +1,255 @@
+"""Metrics end to end: training and scoring on the real Ray cluster, a real Prometheus scraping
+Ray's export, and every catalogue metric checked through Prometheus's HTTP API.
+
+Counters are compared as increases over this test (the session's cluster also runs other
+tests' pipelines); series of processes that have ended are read with last_over_time, since
+Prometheus marks them stale once the process stops exporting them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from load.generator import run_load
+from streamlearn import metrics
+from streamlearn.config import TrainConfig
+from streamlearn.kafka.admin import committed_offsets, end_offsets
+from streamlearn.kafka.broker import free_port
+from streamlearn.monitor import Monitor, query, session_discovery_file
+from streamlearn.serve.app import deploy, shutdown
+from streamlearn.serve.config import ServeConfig
+from streamlearn.train import checkpoint as ckpt
+from streamlearn.train.trainer import run_dir, train
+
+from .test_serve import EVENT, write_checkpoint
+
+pytestmark = pytest.mark.integration
+
+# Processes push metrics to their node's agent every 10 s by default; read by every Ray
+# process, so set before the session's cluster starts (module import comes first).
+os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
+
+PIPELINE = "fraud"
+CONTROLLER = importlib.util.find_spec("streamlearn.autoscale.controller") is not None
+
+
+def value(url: str, expr: str) -> float | None:
+    result = query(url, expr)
+    return float(result[0]["value"][1]) if result else None
+
+
+def by_label(url: str, expr: str, label: str) -> dict[str, float]:
+    return {r["metric"].get(label, ""): float(r["value"][1]) for r in query(url, expr)}
+
+
+def total(url: str, name: str, **labels) -> float:
+    """Sum over every process's series of a counter, including processes that have ended."""
+    matcher = ",".join([f'pipeline="{PIPELINE}"', *(f'{k}="{v}"' for k, v in labels.items())])
+    return value(url, f"sum(last_over_time({name}{{{matcher}}}[10m]))") or 0.0
+
+
+def gauge(url: str, name: str, how: str = "max", over: str = "10m") -> float | None:
+    series = metrics.exported_names(name)[0]
+    return value(url, f'{how}(last_over_time({series}{{pipeline="{PIPELINE}"}}[{over}]))')
+
+
+def wait_for(predicate, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.3)
+    return predicate()
+
+
+def statuses(url: str) -> dict[str, float]:
+    return by_label(url, f'sum by (status) (last_over_time(ray_streamlearn_scoring_requests_total'
+                         f'{{pipeline="{PIPELINE}"}}[10m]))', "status")
+
+
+def settle(read, timeout: float = 30.0, stable_s: float = 3.0):
+    """Wait until a reading stops changing (the last pushes and scrapes are in), return it."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= stable_s:
+            break
+    return last
+
+
+class Requests(threading.Thread):
+    """Sequential scoring requests, counting the answers by status."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.stop, self.statuses, self.versions = url, threading.Event(), [], set()
+
+    def run(self):
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            while not self.stop.is_set():
+                r = client.post("/score", json=EVENT)
+                self.statuses.append(r.status_code)
+                if r.status_code == 200:
+                    self.versions.add(r.json()["version"])
+                time.sleep(0.1)
+
+
+class LagSampler(threading.Thread):
+    """Stands in for the scale controller while it is not there: samples the group's real lag
+    from Kafka and records it through `metrics.record_scaling`, as the controller's contract says."""
+
+    def __init__(self, settings, cfg: TrainConfig):
+        super().__init__(daemon=True)
+        self.settings, self.cfg, self.stop, self.seen = settings, cfg, threading.Event(), []
+
+    def run(self):
+        while not self.stop.is_set():
+            ends = end_offsets(self.settings, self.cfg.topic)
+            done = committed_offsets(self.settings, self.cfg.group_id, self.cfg.topic)
+            lag = {str(p): end - done.get(p, 0) for p, end in ends.items()}
+            self.seen.append(sum(lag.values()))
+            metrics.record_scaling({"pipeline": PIPELINE, "lag_by_partition": lag, "workers_active": self.cfg.workers,
+                                    "workers_desired": self.cfg.workers, "input_rate": 0.0, "learned_rate": 0.0})
+            self.stop.wait(1.0)
+
+
+def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, topic, tmp_path):
+    discovery = session_discovery_file()
+    assert wait_for(discovery.exists, 30), f"Ray wrote no {discovery}"
+    monitor = Monitor(data_dir=tmp_path / "prometheus", port=0, discovery_file=discovery, scrape_interval_s=1)
+    monitor.up()
+    url = monitor.url
+    cfg = TrainConfig(topic=topic, workers=2, cpus_per_worker=0.5, checkpoint_dir=str(tmp_path / "ckpt"),
+                      run_name=f"metrics-{topic}", checkpoint_every_s=2.0, checkpoint_every_steps=15,
+                      window_events=1000, until_idle_s=5.0, batch_size=128)
+    serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=PIPELINE,
+                            port=free_port(), poll_interval_s=0.25, quality_tolerance=1.0,  # every real one swaps
+                            min_replicas=1, max_replicas=1)
+    names = {n: metrics.exported_names(n)[0] for n in metrics.CATALOGUE}
+    try:
+        assert _wait_for_targets(url), "Prometheus found no Ray metrics endpoint in the discovery file"
+        before = {n: total(url, names[n]) for n in ("streamlearn_events_ingested", "streamlearn_train_steps",
+                                                    "streamlearn_events_dead_lettered", "streamlearn_checkpoints",
+                                                    "streamlearn_model_swaps")}
+        before_status = statuses(url)
+        latency = metrics.exported_names("streamlearn_scoring_latency_seconds")
+        before_latency = total(url, latency[2])
+        deployed = time.monotonic()
+        deploy(serve_cfg)
+        requests = Requests(serve_cfg.url)
+        requests.start()
+        lag = None if CONTROLLER else LagSampler(kafka_settings, cfg)
+        run_load(kafka.bootstrap, topic, partitions=4, count=4000, bad_fraction=0.05, seed=11)
+        if lag:
+            lag.start()
+
+        def second_burst():  # once the first checkpoint is out: the served version moves again after it
+            wait_for(lambda: ckpt.newest(run_dir(cfg)) is not None, 90)
+            run_load(kafka.bootstrap, topic, partitions=4, count=3000, bad_fraction=0.05, seed=12)
+
+        producer = threading.Thread(target=second_burst, daemon=True)
+        producer.start()
+        summary = train(cfg, kafka_settings)
+        producer.join()
+        newest = ckpt.read_meta(ckpt.newest(run_dir(cfg)))
+        with httpx.Client(base_url=serve_cfg.url, timeout=10) as client:  # the scorer catches up
+            deadline = time.monotonic() + 15
+            while client.get("/model").json()["version"] != newest["version"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            info = client.get("/model").json()
+            assert client.post("/score", content=b"{not json").status_code == 400
+        requests.stop.set()
+        requests.join(10)
+        if lag:
+            time.sleep(2.5)  # a few samples after the last commit: lag back at zero
+            lag.stop.set()
+            lag.join(10)
+        write_checkpoint(run_dir(cfg), newest["version"] + 100, corrupt=True)  # the integrity gate refuses it
+
+        # -- training: counters moved by exactly what the run learned --
+        learned = settle(lambda: total(url, names["streamlearn_events_ingested"]))
+        learned -= before["streamlearn_events_ingested"]
+        assert learned == summary["events_learned"] == 7000 - summary["dead_lettered"]
+        dead = settle(lambda: total(url, names["streamlearn_events_dead_lettered"]))
+        assert dead - before["streamlearn_events_dead_lettered"] == summary["dead_lettered"] > 0
+        reasons = by_label(url, f'sum by (reason) (last_over_time({names["streamlearn_events_dead_lettered"]}'
+                                f'{{pipeline="{PIPELINE}"}}[10m]))', "reason")
+        assert len(reasons) >= 3 and all(":" not in r for r in reasons), reasons  # reason codes, not messages
+        steps = settle(lambda: total(url, names["streamlearn_train_steps"])) - before["streamlearn_train_steps"]
+        assert steps == newest["counters"]["steps"] > 0
+        written = total(url, names["streamlearn_checkpoints"]) - before["streamlearn_checkpoints"]
+        assert written == summary["checkpoints"] >= 2
+        assert gauge(url, "streamlearn_checkpoint_version") == newest["version"]
+        for name in ("streamlearn_train_loss", "streamlearn_checkpoint_age_seconds",
+                     "streamlearn_checkpoint_timestamp_seconds"):
+            assert gauge(url, name) is not None, name
+        online = by_label(url, f'last_over_time({names["streamlearn_online_metric"]}{{pipeline="{PIPELINE}"}}[10m])',
+                          "metric")
+        assert {"logloss"} <= set(online) and "n" not in online, online
+        stamp = gauge(url, "streamlearn_checkpoint_timestamp_seconds")
+        assert stamp == pytest.approx(newest["written_at"], abs=1e-3)
+
+        # -- serving: requests by status, latency histogram, version served, swaps, rejections --
+        ok, client_errors = requests.statuses.count(200), 1 + sum(400 <= s < 500 for s in requests.statuses)
+        unavailable = sum(s >= 500 for s in requests.statuses)  # 503s before the first checkpoint
+        assert ok > 20 and len(requests.versions) >= 2, requests.versions
+        after_status = settle(lambda: statuses(url))
+        moved = {k: after_status.get(k, 0) - before_status.get(k, 0) for k in after_status}
+        assert (moved.get("2xx", 0), moved.get("4xx", 0), moved.get("5xx", 0)) == (ok, client_errors, unavailable)
+        count = settle(lambda: total(url, latency[2])) - before_latency
+        assert count == len(requests.statuses) + 1  # one histogram observation per request
+        p99 = value(url, f'histogram_quantile(0.99, sum by (le) (rate({latency[0]}{{pipeline="{PIPELINE}"}}[5m])))')
+        assert p99 is not None and 0 < p99 < 2.5
+        served = settle(lambda: gauge(url, "streamlearn_model_version_served", "max", "5s"))
+        assert served == newest["version"] == info["version"]
+        since = f"{int(time.monotonic() - deployed) + 1}s"  # this replica's life, not earlier tests' replicas
+        history = query(url, f'{names["streamlearn_model_version_served"]}{{pipeline="{PIPELINE}"}}[{since}]')
+        assert len({float(v) for series in history for _, v in series["values"]}) >= 2  # it changed
+        swaps = total(url, names["streamlearn_model_swaps"]) - before["streamlearn_model_swaps"]
+        assert swaps >= len(requests.versions) >= 2
+        rejected = wait_for(lambda: by_label(url, f'sum by (kind) ({names["streamlearn_gate_rejections"]}'
+                                                  f'{{pipeline="{PIPELINE}"}})', "kind").get("integrity"), 20)
+        assert rejected and rejected >= 1
+        scoring = info["scoring"]  # GET /model: this replica's recent figures
+        assert scoring["requests"] >= 20 and scoring["p50_ms"] > 0 and scoring["p99_ms"] >= scoring["p50_ms"]
+
+        # -- scaling: lag per partition rises while events wait and falls to zero once learned --
+        lag_name = names["streamlearn_consumer_lag"]
+        peak = by_label(url, f'max by (partition) (max_over_time({lag_name}{{pipeline="{PIPELINE}"}}[10m]))',
+                        "partition")
+        last = by_label(url, f'max by (partition) (last_over_time({lag_name}{{pipeline="{PIPELINE}"}}[10m]))',
+                        "partition")
+        assert set(peak) == {"0", "1", "2", "3"} and sum(peak.values()) > 0, peak
+        assert all(v == 0 for v in last.values()), last
+        for name in ("streamlearn_workers_active", "streamlearn_workers_desired", "streamlearn_input_rate",
+                     "streamlearn_learned_rate"):
+            assert gauge(url, name) is not None, name
+
+        # every catalogue metric is in Prometheus, but the two a resize records (none with fixed workers)
+        resize_only = {"streamlearn_resizes", "streamlearn_resize_pause_seconds"}
+        absent = [n for n in metrics.CATALOGUE if n not in resize_only
+                  and not query(url, f'last_over_time({names[n]}{{pipeline="{PIPELINE}"}}[10m])')]
+        assert not absent, absent
+    finally:
+        shutdown()
+        monitor.down()
+
+
+def _wait_for_targets(url: str, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value(url, 'count(up{job="ray"} == 1)'):
+            return True
+        time.sleep(0.5)
+    return False
