@@ -101,7 +101,7 @@ def test_recording_without_ray_is_a_noop():
     metrics.record_request("fraud", 200, 0.001)
     metrics.record_swap("fraud", 4)
     metrics.record_rejection("fraud", "quality")
-    assert metrics._objects == {} and not metrics._failed
+    assert metrics._objects == {} and not metrics._failed and not metrics._requests and metrics._keeper is None
     assert not ray.is_initialized()  # recording never starts Ray
 
 
