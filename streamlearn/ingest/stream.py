@@ -61,13 +61,13 @@ class WorkerStream:
         return self._pool.submit(self.fetch, window)
 
     def fetch(self, window: Window) -> Batch:
-        with self.phases("fetch", window=window.seq):
-            return self._fetch(window)
-
-    def _fetch(self, window: Window) -> Batch:
+        """Two timeline spans: fetch (Kafka, waits on the network and broker) and decode (CPU: parse,
+        validate, featurize), so a slow ingest shows which of the two it is."""
         started = time.perf_counter()
-        decoded = decode(self.reader.read(window.slice_for(self.rank, self.world)), self.pipeline.schema)
-        x, y, decoded = self._featurize(decoded)
+        with self.phases("fetch", window=window.seq):
+            messages = self.reader.read(window.slice_for(self.rank, self.world))
+        with self.phases("decode", window=window.seq, messages=len(messages)):
+            x, y, decoded = self._featurize(decode(messages, self.pipeline.schema))
         return Batch(window, x, y, decoded.bad, fingerprint(m.value for m in decoded.messages),
                      time.perf_counter() - started)
 

@@ -1,9 +1,11 @@
 """Where each rank's time goes: per-phase totals, and an opt-in Chrome trace (the timeline).
 
-Phases: plan (agree on the next window), wait_data (blocked on the reader), fetch (read +
-decode + featurize, in the reader thread), sync (the per-window size exchange: time here is
-waiting for the slowest rank), train (forward, backward with DDP's allreduce, step), and
-checkpoint. The trace opens in chrome://tracing or ui.perfetto.dev; one file per rank.
+Phases: plan (agree on the next window), wait_data (blocked on the reader), fetch (Kafka
+reads) and decode (parse, validate, featurize), both in the reader thread, sync (the
+per-window size exchange: time here is waiting for the slowest rank), train (one window's
+steps) holding forward, backward and step, and checkpoint. With the timeline on, allreduce
+spans (DDP's gradient buckets, on their own track) overlap backward. The trace opens in
+chrome://tracing or ui.perfetto.dev; one file per rank.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ class Phases:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._file = open(path, "w")
             self._file.write("[\n")  # Chrome's JSON-array trace format; a crash leaves it still readable
-            self._first = True
+            self._file.write(json.dumps({"name": "process_name", "ph": "M", "pid": rank,
+                                         "args": {"name": f"rank {rank}"}}))
+            self._first = False
 
     @contextmanager
     def __call__(self, name: str, **args):
@@ -44,6 +48,20 @@ class Phases:
                     self._file.write(("" if self._first else ",\n") + json.dumps(event))
                     self._first = False
 
+    @property
+    def tracing(self) -> bool:
+        return self._file is not None
+
+    def record(self, name: str, wall_start: float, elapsed: float, tid: str, **args) -> None:
+        """A span measured elsewhere (a callback on another thread, say)."""
+        with self._lock:
+            self.totals[name] += elapsed
+            if self._file is not None:
+                event = {"name": name, "ph": "X", "pid": self.rank, "tid": tid, "ts": int(wall_start * 1e6),
+                         "dur": int(elapsed * 1e6), "args": args}
+                self._file.write(("" if self._first else ",\n") + json.dumps(event))
+                self._first = False
+
     def take(self) -> dict[str, float]:
         """Totals since the last take, rounded for logs."""
         with self._lock:
@@ -57,3 +75,29 @@ class Phases:
                 self._file.write("\n]\n")
                 self._file.close()
                 self._file = None
+
+
+def trace_allreduce(model, phases: Phases) -> bool:
+    """With the timeline on, time DDP's gradient allreduce: one span per bucket, from the moment
+    backward hands the bucket over to the moment its reduction completes (on CUDA, when NCCL's
+    work is queued on the stream rather than done). The hook does what DDP does by default
+    (average over ranks), so only timing changes; without a timeline DDP keeps its own path."""
+    if not phases.tracing or not hasattr(model, "register_comm_hook"):
+        return False
+    import torch.distributed as dist
+
+    def timed_allreduce(_state, bucket):
+        wall, started = time.time(), time.perf_counter()
+        tensor = bucket.buffer()
+        tensor.div_(dist.get_world_size())
+        size, index = tensor.numel() * tensor.element_size(), bucket.index()
+
+        def done(future):
+            phases.record("allreduce", wall, time.perf_counter() - started, tid="allreduce", bucket=index,
+                          bytes=size)
+            return future.value()[0]
+
+        return dist.all_reduce(tensor, async_op=True).get_future().then(done)
+
+    model.register_comm_hook(None, timed_allreduce)
+    return True

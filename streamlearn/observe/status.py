@@ -1,0 +1,285 @@
+"""`streamlearn status`: one screen on a running pipeline, refreshed in place.
+
+Two sources: the run's scale controller actor on Ray (rate, lag, workers, checkpoint, resizes)
+and the scorer's GET /model (the version served, its age, scoring latency). Either may be
+missing; its part of the screen then says why and what to do, never a traceback. Drawing is
+a pure function of the two dicts (`render`), so it is tested without Ray or a terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+NAMESPACE = "streamlearn"
+TOKEN_ENV = "STREAMLEARN_SERVE_TOKEN"  # streamlearn.serve's, spelled here: importing it loads torch (~18 s)
+CURRENT_CLUSTER_FILE = "/tmp/ray/ray_current_cluster"  # where `ray start` (and our local heads) record it
+UNAVAILABLE = "unavailable"
+MAX_PARTITIONS_SHOWN = 12
+
+
+def controller_name(run_name: str) -> str:
+    return f"scaler-{run_name}"
+
+
+# -- drawing (pure) --
+
+
+def render(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
+           problems: dict[str, str] | None = None) -> Group:
+    """The whole screen. `problems` says why a source is None: {"controller": ..., "scorer": ...}."""
+    problems = problems or {}
+    title = Text.assemble(("streamlearn status", "bold"), f"  run {run_name or (snapshot or {}).get('run_name', '?')}",
+                          f"  {time.strftime('%H:%M:%S', time.localtime(now))}")
+    return Group(title, Text(""), _training(snapshot, now, problems.get("controller")), Text(""),
+                 _serving(model, now, problems.get("scorer")))
+
+
+def render_text(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
+                problems: dict[str, str] | None = None, width: int = 100) -> str:
+    """The screen as plain text (no colours, no cursor moves): for pipes, logs and tests."""
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=False, color_system=None, highlight=False)
+    console.print(render(snapshot, model, now=now, run_name=run_name, problems=problems))
+    return out.getvalue()
+
+
+def _grid(heading: str) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.title = heading
+    table.title_justify = "left"
+    table.title_style = "bold cyan"
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    return table
+
+
+def _training(snap: dict | None, now: float, problem: str | None) -> Table:
+    table = _grid("Training (scale controller)")
+    if snap is None:
+        table.add_row("controller", Text(f"{UNAVAILABLE}: {problem or 'not asked'}", style="yellow"))
+        return table
+    table.add_row("input rate", f"{_rate(snap.get('input_rate'))}   learned {_rate(snap.get('learned_rate'))}"
+                                f"   (total {_int(snap.get('learned_total'))})")
+    table.add_row("lag", f"{_int(snap.get('lag'))} events   {_partitions(snap.get('lag_by_partition'))}")
+    table.add_row("workers", f"{snap.get('workers_active', '?')} active / {snap.get('workers_desired', '?')} desired"
+                             f"   (min {snap.get('min_workers', '?')}, max {snap.get('max_workers', '?')}, "
+                             f"~{_rate(snap.get('capacity_per_worker'))} per worker)")
+    if snap.get("reason"):
+        table.add_row("decision", str(snap["reason"]))
+    cp = snap.get("checkpoint")
+    if cp:
+        table.add_row("checkpoint", f"v{cp.get('version', '?')}, written {_age(now, cp.get('written_at'))} ago")
+        table.add_row("online metric", _metric(cp.get("online")))
+    else:
+        table.add_row("checkpoint", "none yet")
+    resizes = snap.get("resizes") or []
+    if resizes:
+        last = resizes[-1]
+        table.add_row("last resize", f"{last.get('from')} → {last.get('to')} workers, {_age(now, last.get('t'))} "
+                                     f"ago, paused {_num(last.get('pause_s'), 1)} s ({last.get('reason', '')}); "
+                                     f"{len(resizes)} recent")
+    table.add_row("sampled", f"{_age(now, snap.get('t'))} ago   topic {snap.get('topic', '?')}, "
+                             f"pipeline {snap.get('pipeline', '?')}")
+    return table
+
+
+def _serving(model: dict | None, now: float, problem: str | None) -> Table:
+    table = _grid("Serving (scorer GET /model)")
+    if model is None:
+        table.add_row("scorer", Text(f"{UNAVAILABLE}: {problem or 'not asked'}", style="yellow"))
+        return table
+    version = model.get("version")
+    if version is None:
+        table.add_row("model version", "none loaded yet (waiting for the first checkpoint that passes the gates)")
+    else:
+        pinned = "  (pinned)" if model.get("serving_pinned") else ""
+        table.add_row("model version", f"v{version}{pinned}, trained {_age(now, model.get('written_at'))} ago, "
+                                       f"swapped in {_age(now, model.get('swapped_at'))} ago")
+        table.add_row("online metric", _metric((model.get("metrics") or {}).get("online")))
+    table.add_row("scoring", _scoring(model.get("scoring")))
+    last = model.get("last_rejection")
+    if last:
+        table.add_row("last rejection", f"v{last.get('version')} ({last.get('kind')}): {last.get('reason')}")
+    return table
+
+
+def _scoring(scoring: Any) -> str:
+    """The figures of the replica that answered GET /model (streamlearn.serve.latency)."""
+    if not isinstance(scoring, dict):
+        return "p99 n/a (this scorer reports no latency figures)"
+    p50, p99 = _pick(scoring, "p50"), _pick(scoring, "p99")
+    window = f"last {_num(scoring['window_s'], 0)} s" if isinstance(scoring.get("window_s"), int | float) else ""
+    if p99 is None:
+        return f"p99 n/a (no requests{' in the ' + window if window else ''})"
+    parts = [f"p99 {_num(p99, 1)} ms", f"p50 {_num(p50, 1)} ms" if p50 is not None else "p50 n/a"]
+    if isinstance(scoring.get("rate"), int | float):
+        parts.append(f"{_num(scoring['rate'], 1)} req/s")
+    if isinstance(scoring.get("errors"), int | float):
+        parts.append(f"{_int(scoring['errors'])} errors")
+    if window:
+        parts.append(f"({window}, one replica; {_int(scoring.get('requests'))} requests since it started)")
+    return "   ".join(parts)
+
+
+def _pick(d: dict, quantile: str) -> float | None:
+    for key in (f"{quantile}_ms", quantile):
+        if isinstance(d.get(key), int | float):
+            return float(d[key])
+    return None
+
+
+def _metric(online: Any) -> str:
+    if not isinstance(online, dict) or not online:
+        return "n/a"
+    names = {"auc": "AUC", "logloss": "logloss", "mae": "MAE", "rmse": "RMSE"}
+    parts = [f"{label} {online[k]:.4f}" for k, label in names.items() if isinstance(online.get(k), int | float)]
+    if isinstance(online.get("n"), int | float):
+        parts.append(f"(last {_int(online['n'])} events)")
+    return "  ".join(parts) or "n/a"
+
+
+def _partitions(by_partition: Any) -> str:
+    if not isinstance(by_partition, dict) or not by_partition:
+        return ""
+    items = sorted(by_partition.items(), key=lambda kv: -(kv[1] or 0))[:MAX_PARTITIONS_SHOWN]
+    shown = "  ".join(f"p{p}={_int(v)}" for p, v in sorted(items, key=lambda kv: int(kv[0])))
+    more = len(by_partition) - len(items)
+    return f"by partition: {shown}" + (f"  (+{more} more)" if more > 0 else "")
+
+
+def _age(now: float, t: Any) -> str:
+    if not isinstance(t, int | float):
+        return "?"
+    s = max(0.0, now - t)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s // 60:.0f} min {s % 60:.0f} s"
+    return f"{s // 3600:.0f} h {s % 3600 // 60:.0f} min"
+
+
+def _rate(v: Any) -> str:
+    return f"{_num(v, 0)} ev/s"
+
+
+def _int(v: Any) -> str:
+    return f"{int(v):,}" if isinstance(v, int | float) else "?"
+
+
+def _num(v: Any, digits: int) -> str:
+    return f"{v:,.{digits}f}" if isinstance(v, int | float) else "?"
+
+
+# -- sources --
+
+
+@dataclass
+class Sources:
+    """Where the figures come from; every failure becomes a sentence for the screen."""
+
+    address: str
+    run_name: str
+    serve_url: str
+    timeout_s: float = 5.0
+    _actor: Any = None
+
+    def controller(self) -> tuple[dict | None, str | None]:
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                _probe(self.address)
+                ray.init(address=self.address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
+                         configure_logging=False)
+        except Exception as e:
+            return None, (f"no Ray cluster at --address {self.address} ({_first_line(e)}); start one with "
+                          "`make demo` or pass --address ray://HOST:10001 or HOST:6379")
+        name = controller_name(self.run_name)
+        if self._actor is None:
+            try:
+                self._actor = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                return None, (f"no actor {name!r} in Ray namespace {NAMESPACE!r}: is `streamlearn train` "
+                              f"(run name {self.run_name!r}) running on this cluster? Pass --run-name otherwise")
+        try:
+            return ray.get(self._actor.snapshot.remote(), timeout=self.timeout_s), None
+        except Exception as e:
+            self._actor = None  # the run may have restarted it: look the actor up again next time
+            return None, f"the controller {name!r} did not answer ({_first_line(e)})"
+
+    def model(self) -> tuple[dict | None, str | None]:
+        request = urllib.request.Request(f"{self.serve_url.rstrip('/')}/model")
+        token = os.environ.get(TOKEN_ENV)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read()), None
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                return None, f"the scorer at {self.serve_url} wants a token: set {TOKEN_ENV}"
+            return None, f"the scorer at {self.serve_url} answered HTTP {e.code}"
+        except Exception as e:
+            return None, (f"no scorer answers at {self.serve_url} ({_first_line(e)}); start one with "
+                          "`streamlearn serve up` or pass --serve-url")
+
+    def frame(self) -> Group:
+        snapshot, controller_problem = self.controller()
+        model, scorer_problem = self.model()
+        return render(snapshot, model, now=time.time(), run_name=self.run_name,
+                      problems={"controller": controller_problem, "scorer": scorer_problem})
+
+
+def _probe(address: str, timeout_s: float = 3.0) -> None:
+    """Fail in seconds on an address nothing listens at: ray.init would retry it for minutes."""
+    if address == "auto":  # what ray.init would pick: $RAY_ADDRESS, else the machine's current cluster
+        address = os.environ.get("RAY_ADDRESS", "")
+        if not address:
+            try:
+                address = Path(CURRENT_CLUSTER_FILE).read_text().strip()
+            except OSError:
+                return  # no cluster recorded: ray.init says so at once
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    with socket.create_connection((host, int(port)), timeout=timeout_s):
+        pass
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+
+
+def run_status(sources: Sources, once: bool = False, interval_s: float = 2.0, console: Console | None = None) -> None:
+    """`--once`, or output that is not a terminal, prints plain frames; a terminal gets one live screen."""
+    console = console or Console()
+    if once:
+        console.print(sources.frame())
+        return
+    try:
+        if not console.is_terminal:
+            while True:
+                console.print(sources.frame())
+                console.print()
+                time.sleep(interval_s)
+        with Live(sources.frame(), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval_s)
+                live.update(sources.frame(), refresh=True)
+    except KeyboardInterrupt:
+        pass

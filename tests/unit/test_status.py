@@ -1,0 +1,74 @@
+"""`streamlearn status` draws from a controller snapshot and the scorer's /model, without a terminal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from streamlearn.observe.status import render_text
+
+NOW = 1_795_000_100.0
+
+SNAPSHOT = {
+    "t": NOW - 1, "pipeline": "fraud", "run_name": "fraud", "topic": "transactions",
+    "lag": 12345, "lag_by_partition": {"0": 3000, "1": 4000, "2": 5000, "3": 345},
+    "input_rate": 1523.4, "learned_rate": 1610.0, "learned_total": 1234567,
+    "workers_active": 2, "workers_desired": 3, "reason": "lag grows faster than 2 workers learn",
+    "capacity_per_worker": 900.0, "min_workers": 1, "max_workers": 4,
+    "checkpoint": {"version": 42, "written_at": NOW - 12, "online": {"auc": 0.9531, "logloss": 0.0381, "n": 10000}},
+    "resizes": [{"t": NOW - 300, "from": 1, "to": 2, "reason": "lag growing", "pause_s": 6.2}],
+}
+
+MODEL = {
+    "version": 41, "written_at": NOW - 17, "swapped_at": NOW - 9, "serving_pinned": False,
+    "metrics": {"online": {"auc": 0.9502, "logloss": 0.04, "n": 10000}},
+    "scoring": {"requests": 52000, "recent": 4096, "window_s": 60.0, "errors": 3, "p50_ms": 3.2, "p99_ms": 14.7,
+                "rate": 812.5},
+    "last_rejection": {"version": 40, "kind": "quality", "reason": "auc fell 0.05 below the serving model"},
+}
+
+
+def test_status_shows_every_figure_from_both_sources():
+    text = render_text(SNAPSHOT, MODEL, now=NOW, run_name="fraud")
+    for figure in ("1,523 ev/s", "12,345 events", "p0=3,000", "p2=5,000", "p3=345", "2 active / 3 desired",
+                   "lag grows faster", "v42, written 12 s ago", "AUC 0.9531", "logloss 0.0381",
+                   "v41", "trained 17 s ago", "swapped in 9 s ago", "p99 14.7 ms", "p50 3.2 ms",
+                   "812.5 req/s", "3 errors", "52,000 requests",
+                   "1 → 2 workers", "paused 6.2 s", "v40 (quality)"):
+        assert figure in " ".join(text.split()), f"{figure!r} missing from:\n{text}"
+    assert "\x1b[" not in text  # plain text: no escape codes when there is no terminal
+
+
+def test_status_without_any_source_says_unavailable_with_hints():
+    problems = {"controller": "no Ray cluster at --address auto; start one with `make demo`",
+                "scorer": "no scorer answers at http://127.0.0.1:8000; start one with `streamlearn serve up`"}
+    text = render_text(None, None, now=NOW, run_name="fraud", problems=problems)
+    assert text.count("unavailable") == 2
+    flat = " ".join(text.split())  # long hints wrap at the console width
+    assert "make demo" in flat and "streamlearn serve up" in flat
+    assert "Traceback" not in text
+
+
+def test_status_with_a_scorer_that_reports_no_latency_and_no_model_yet():
+    text = render_text(SNAPSHOT | {"checkpoint": None, "resizes": []}, {"version": None}, now=NOW)
+    assert "none yet" in text and "none loaded yet" in text
+    assert "p99 n/a (this scorer reports no latency figures)" in text
+    idle = {"requests": 0, "recent": 0, "window_s": 60.0, "errors": 0, "p50_ms": None, "p99_ms": None, "rate": 0.0}
+    assert "p99 n/a (no requests in the last 60 s)" in render_text(None, MODEL | {"scoring": idle}, now=NOW)
+
+
+def test_status_reads_the_scorer_token_from_the_same_variable_as_the_scorer():
+    from streamlearn.observe import status
+    from streamlearn.serve.config import TOKEN_ENV
+
+    assert status.TOKEN_ENV == TOKEN_ENV
+
+
+def test_status_command_once_without_sources_prints_plain_unavailable(tmp_path):
+    """The real command, piped (no terminal), with no Ray cluster and no scorer: two clear lines, exit 0."""
+    done = subprocess.run([sys.executable, "-m", "streamlearn.cli", "status", "--once", "--address", "127.0.0.1:1",
+                           "--serve-url", "http://127.0.0.1:1", "--run-name", "nothing-here"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("unavailable") == 2, done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
