@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import ray
 import torch.distributed as dist
 from confluent_kafka import KafkaException
 
@@ -35,12 +37,17 @@ class Coordinator:
     reader: RangeReader
     planner: WindowPlanner
     expected_steps_per_event: float
+    world: int = 1
+    controller: Any = None  # this run's ScaleController handle (None: fixed size, e.g. in tests)
     last_checkpoint_t: float = field(default_factory=time.monotonic)
     last_data_t: float = field(default_factory=time.monotonic)
     planned_since_checkpoint: int = 0
     _partitions: list[int] = field(default_factory=list)
     _partitions_t: float = 0.0
     _last_empty: bool = False
+    _learned: int = 0
+    _resize_asked_t: float = 0.0
+    resize_to: int | None = None
 
     def next_window(self) -> Window:
         if self._last_empty:
@@ -54,7 +61,7 @@ class Coordinator:
             # run, and every rank keeps waiting in the plan broadcast, not in an allreduce.
             log("kafka_unreachable", level="warning", error=str(e)[:200])
             highs = {}
-        window = self.planner.next(highs, stop=idle_stop)
+        window = self.planner.next(highs, stop=idle_stop or self._resize_due(now))
         if window.size:
             self.last_data_t = now
         self._last_empty = window.size == 0
@@ -66,6 +73,29 @@ class Coordinator:
             self.planned_since_checkpoint = 0
             self.last_checkpoint_t = now
         return window
+
+    def learned(self, window: Window) -> None:
+        """After a window is learned: tell the controller (its learned rate, a resize's end).
+        The last report before a resize waits for delivery, so the pause is measured from it."""
+        if self.controller is None or not window.size and not window.stop:
+            return
+        self._learned += window.size
+        ref = self.controller.progress.remote(self._learned, self.world, time.time())
+        if window.stop:
+            ray.get(ref, timeout=10)
+
+    def _resize_due(self, now: float) -> bool:
+        # Polled once a second: a regroup is rare, and the answer must not cost a window's latency.
+        if self.controller is None or self.resize_to is not None or now - self._resize_asked_t < 1.0:
+            return self.resize_to is not None
+        self._resize_asked_t = now
+        try:
+            self.resize_to = ray.get(self.controller.resize_due.remote(), timeout=5)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            log("scaler_unreachable", level="warning", error=str(e)[:200])  # keep training at this size
+        if self.resize_to is not None:
+            log("resize_stop", workers=self.world, to=self.resize_to)
+        return self.resize_to is not None
 
     def _current_partitions(self, now: float) -> list[int]:
         # Partitions can be added to a live topic; look again every few seconds, not every window.

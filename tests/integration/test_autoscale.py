@@ -1,0 +1,145 @@
+"""Workers follow the load on a real autoscaling Ray cluster (Ray's fake multi-node provider).
+
+The generator runs low → high → low against `streamlearn train --min-workers 1 --max-workers 2`
+on a cluster started with `streamlearn cluster up`: the policy asks for more workers, the Ray
+autoscaler adds a node (seen in ray.nodes()), training regroups on 2 workers, and after the load
+falls it goes back to 1 worker and 1 node; across both resizes every event is learned once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from load.generator import run_load
+from streamlearn.config import REPO_ROOT
+from streamlearn.train import checkpoint as ckpt
+
+from .streams import expected_learning, read_topic
+
+pytestmark = pytest.mark.timeout(900)
+
+NODES = """
+import json, ray
+ray.init(address="auto", log_to_driver=False, configure_logging=False)
+print(json.dumps(sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0)))
+"""
+
+
+@pytest.fixture
+def cluster():
+    cli = [sys.executable, "-m", "streamlearn.cli", "cluster"]
+    done = subprocess.run([*cli, "up", "--max-nodes", "2", "--idle-timeout", "6"], capture_output=True, text=True,
+                          timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    env = dict(line.removeprefix("export ").split("=", 1) for line in done.stdout.splitlines()
+               if line.startswith("export "))
+    yield env
+    subprocess.run([*cli, "down", "--port", env["RAY_ADDRESS"].rsplit(":", 1)[1]], timeout=120, cwd=REPO_ROOT)
+
+
+class Load(threading.Thread):
+    """low → high → low: a trickle, a burst far beyond what one worker drains in the target
+    time, then a trickle again until told to stop."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.phase, self.stop = "low", threading.Event()
+
+    def run(self):
+        produce = dict(partitions=4, bad_fraction=0.01, progress=False)
+        run_load(self.bootstrap, self.topic, profile=_constant(300), duration=20, seed=1, **produce)
+        self.phase = "high"
+        run_load(self.bootstrap, self.topic, count=250_000, seed=2, **produce)
+        self.phase = "low again"
+        seed = 3
+        while not self.stop.is_set():
+            run_load(self.bootstrap, self.topic, profile=_constant(300), duration=3, seed=seed, **produce)
+            seed += 1
+
+
+def _constant(rate: float):
+    from load.profiles import parse_profile
+
+    return parse_profile(f"constant:{rate}")
+
+
+def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka, kafka_settings, topic, cluster,
+                                                                          tmp_path):
+    env = {**os.environ, **cluster}
+    checkpoints = tmp_path / "ckpt"
+    train = subprocess.Popen(
+        [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "fraud", "--bootstrap", kafka.bootstrap,
+         "--topic", topic, "--workers", "1", "--min-workers", "1", "--max-workers", "2", "--cpus-per-worker", "1",
+         "--checkpoint-dir", str(checkpoints), "--checkpoint-every-s", "2", "--up-cooldown", "3",
+         "--down-cooldown", "8", "--target-drain", "5", "--capacity-floor", "2000", "--until-idle", "8"],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=open(tmp_path / "train.log", "w"), text=True)
+    run = checkpoints / "fraud"
+    load = Load(kafka.bootstrap, topic)
+    nodes_seen: list[tuple[str, int]] = []
+    load.start()  # the trickle first: training stops after --until-idle seconds without events
+    try:
+        _wait(lambda: _rows(run / "history.jsonl"), 240, "a first checkpoint", train, run)
+        _wait(lambda: _node_count(env, nodes_seen, load.phase) >= 2, 300, "a second node", train, run)
+        _wait(lambda: any(r["to"] == 2 for r in _rows(run / "resizes.jsonl")), 300, "a resize to 2", train, run)
+        _wait(lambda: any(r["to"] == 1 for r in _rows(run / "resizes.jsonl")), 300, "a resize back to 1", train, run)
+        _wait(lambda: _node_count(env, nodes_seen, load.phase) == 1, 240, "the extra node to go", train, run)
+    finally:
+        load.stop.set()
+        load.join(timeout=60)
+    out, _ = train.communicate(timeout=300)
+    assert train.returncode == 0, (tmp_path / "train.log").read_text()[-4000:]
+
+    scaling = _rows(run / "scaling.jsonl")
+    assert max(r["workers_desired"] for r in scaling) == 2  # bounded by max_workers
+    assert min(r["workers_desired"] for r in scaling) == 1
+    assert any(r["workers"] == 2 for r in _rows(run / "history.jsonl")), "no checkpoint from a 2-worker group"
+    resizes = _rows(run / "resizes.jsonl")
+    assert [(r["from"], r["to"]) for r in resizes][:2] == [(1, 2), (2, 1)], resizes
+    assert all(r["pause_s"] > 0 for r in resizes)
+    print("resizes", json.dumps(resizes), "nodes", nodes_seen)
+
+    # Exactly once across every resize: counts and the fingerprint of every learned event.
+    summary = json.loads(out.strip().splitlines()[-1])
+    expected = expected_learning(read_topic(kafka_settings, topic))
+    meta = ckpt.read_meta(ckpt.newest(run))
+    assert summary["events_learned"] == expected["learned"]
+    assert summary["dead_lettered"] == expected["dead_lettered"]
+    assert meta["counters"]["fingerprint"] == expected["fingerprint"]
+
+
+def _wait(ready, timeout_s: float, what: str, train: subprocess.Popen, run: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert train.poll() is None, f"training exited ({train.returncode}) while waiting for {what}"
+        assert time.monotonic() < deadline, (f"no {what} within {timeout_s} s; the controller's last samples: "
+                                             f"{_rows(run / 'scaling.jsonl')[-5:]}")
+        time.sleep(2)
+
+
+def _node_count(env: dict, seen: list, phase: str) -> int:
+    done = subprocess.run([sys.executable, "-c", NODES], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count = json.loads(done.stdout.strip().splitlines()[-1])
+    seen.append((phase, count))
+    return count
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written
+    return rows
