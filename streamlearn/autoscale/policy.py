@@ -124,7 +124,10 @@ def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decis
     backlog = max(0.0, obs.lag - obs.input_rate * policy.normal_lag_s)
     need = (obs.input_rate + backlog / policy.target_drain_s) / capacity
     horizon = obs.t - max(policy.up_cooldown_s, policy.down_cooldown_s)
-    needs = tuple(n for n in state.needs if n[0] >= horizon) + ((obs.t, need),)
+    # Keep one observation older than the longest cool-down too: a need must be seen past its
+    # threshold for the whole cool-down, and samples never land exactly on its start.
+    older = [n for n in state.needs if n[0] < horizon][-1:]
+    needs = tuple(older + [n for n in state.needs if n[0] >= horizon]) + ((obs.t, need),)
     anchor = max(started, state.last_change if state.last_change is not None else started)
     decision = _choose(obs, current, needs, anchor, capacity, backlog, policy)
     changed = decision.desired != current

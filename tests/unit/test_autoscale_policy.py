@@ -95,6 +95,21 @@ def test_ramp_scales_up_within_cool_downs_then_back_to_min():
     assert len(steps) <= 5  # 1→2→3→4 and back down, in few steps
 
 
+def test_scales_down_when_samples_never_land_on_the_cool_down_boundary():
+    """Real sampling clocks drift (2.013 s here, not a divisor of the cool-down): the need must
+    still be seen low for the whole cool-down, not forever miss it by a fraction of a sample."""
+    policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=8, target_drain_s=5,
+                           capacity_floor=2000, normal_lag_s=2, settle_s=0)
+    state, t = State(desired=2), 0.0
+    for _ in range(10):
+        t += 2.013
+        decision, state = decide(Observation(t=t, lag=300, input_rate=300, learned_rate=300, workers=2), state, policy)
+        if decision.desired == 1:
+            break
+    assert decision.desired == 1, decision.reason
+    assert t <= policy.down_cooldown_s + 2 * 2.013
+
+
 def test_capacity_is_learned_from_saturated_observations():
     trace = simulate(ramp_hold_fall, 500)
     state = State()
