@@ -151,7 +151,9 @@ def test_job_entrypoints_parse_with_the_cli(job):
     if command.name == "train":
         spec = job["spec"]["rayClusterSpec"]
         room = sum(g["maxReplicas"] * cpus(g) for g in groups(spec))
-        assert ctx.params["workers"] * TrainConfig().cpus_per_worker <= room, "the cluster cannot hold --workers"
+        most = max(ctx.params["workers"], ctx.params["max_workers"] or 0)
+        assert most * ctx.params["cpus_per_worker"] <= room, "the cluster cannot hold --max-workers"
+        assert (ctx.params["min_workers"] or 1) <= most
     else:
         service = next(d for _, d in ALL if d["kind"] == "Service")
         assert ctx.params["host"] == "0.0.0.0" and ctx.params["port"] == service["spec"]["ports"][0]["targetPort"]

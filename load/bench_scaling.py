@@ -1,0 +1,202 @@
+"""Scaling figures: learned events/s per worker count, and how the autoscaler reacts to a spike.
+
+    python -m load.bench_scaling [--events 200000] [--peak 30000]
+
+1. Throughput per worker count: `streamlearn.train.train` with 1, 2 and 3 workers on the same
+   topic (a plain local Ray head; every worker shares this machine's cores), against the
+   single-process baseline of load/bench_ingest.py in the same run.
+2. Reaction: on the local autoscaling cluster (`streamlearn cluster up`), `streamlearn train
+   --min-workers 1 --max-workers 3` under a spike (a trickle, `--peak` events/s for 10 s, a
+   trickle): when the policy asked for more (reaction up), when the bigger group took its
+   first step, each resize's pause (no optimizer step), when it asked for fewer after the
+   backlog drained (reaction down), and when the idle node left.
+3. A capacity model from these figures, assumptions stated, for 10k / 100k / 1M events/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from load.bench_common import machine_line, median, write_json, write_section
+from load.bench_ingest import PARTITIONS, TOPIC, baseline, pipeline_rate
+from load.generator import run_load
+from load.profiles import parse_profile
+from streamlearn.cluster import ClusterSpec, client_env, down, up
+from streamlearn.config import REPO_ROOT, KafkaSettings
+from streamlearn.kafka.admin import ensure_topics
+from streamlearn.kafka.broker import EmbeddedKafka
+from streamlearn.localray import start_local_ray
+
+NODES = ("import json, ray; ray.init(address='auto', log_to_driver=False, configure_logging=False); "
+         "print(json.dumps(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU', 0) > 0)))")
+
+
+def throughput(bootstrap: str, n: int, home: Path) -> dict:
+    import ray
+
+    base = [baseline(bootstrap, n) for _ in range(3)]
+    start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
+                    log_to_driver=False, configure_logging=False)
+    try:
+        runs = {w: pipeline_rate(bootstrap, n, w, home) for w in (1, 2, 3)}
+    finally:
+        ray.shutdown()
+    return {"baseline_events_per_s": statistics.median(base), "baseline_runs": base, "runs": runs}
+
+
+def reaction(bootstrap: str, peak: float, home: Path, capacity_floor: float) -> dict:
+    topic = f"spike-{time.time_ns()}"
+    ensure_topics(KafkaSettings(bootstrap=bootstrap), {topic: PARTITIONS, f"{topic}.dlq": 1})
+    cluster = up(ClusterSpec(max_nodes=3, idle_timeout_s=10))
+    env = {**os.environ, **client_env(cluster.port)}
+    ckpt = home / "spike-ckpt"
+    train = subprocess.Popen(
+        [sys.executable, "-m", "streamlearn.cli", "train", "--bootstrap", bootstrap, "--topic", topic,
+         "--workers", "1", "--min-workers", "1", "--max-workers", "3", "--cpus-per-worker", "1",
+         "--checkpoint-dir", str(ckpt), "--checkpoint-every-s", "2", "--up-cooldown", "5", "--down-cooldown", "20",
+         "--target-drain", "15", "--capacity-floor", str(capacity_floor), "--until-idle", "10"],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=open(home / "spike-train.log", "w"), text=True)
+    run = ckpt / "fraud"
+    nodes: list[tuple[float, int]] = []
+    try:
+        while not (run / "history.jsonl").exists():  # the first node and group are up and learning
+            assert train.poll() is None, (home / "spike-train.log").read_text()[-3000:]
+            time.sleep(1)
+        started = time.time()
+        spike_at, width = 20.0, 10.0
+        profile = parse_profile(f"spike:300:{peak}:{spike_at}:{width}")
+        # The trickle goes on long enough for the backlog to drain and the down cool-down to pass.
+        run_load(bootstrap, topic, partitions=PARTITIONS, profile=profile, duration=240, seed=5)
+        nodes.append((time.time(), _nodes(env)))
+        out, _ = train.communicate(timeout=600)
+    finally:
+        if train.poll() is None:
+            train.kill()
+        down(cluster.port)
+    spike_t = started + spike_at
+    resizes = [json.loads(line) for line in (run / "resizes.jsonl").read_text().splitlines()]
+    scaling = [json.loads(line) for line in (run / "scaling.jsonl").read_text().splitlines()]
+    ups = [r for r in resizes if r["to"] > r["from"]]
+    downs = [r for r in resizes if r["to"] < r["from"]]
+    drained = next((s["t"] for s in scaling if s["t"] > spike_t + width and s["lag"] <= max(s["input_rate"], 1) * 4),
+                   None)
+    return {"peak_events_per_s": peak, "summary": json.loads(out.strip().splitlines()[-1]), "resizes": resizes,
+            "reaction_up_s": ups[0]["requested_at"] - spike_t if ups else None,
+            "bigger_group_learning_s": ups[0]["t"] - spike_t if ups else None,
+            "max_workers_reached": max((r["to"] for r in resizes), default=1),
+            "backlog_drained_s": drained - spike_t if drained else None,
+            "reaction_down_s": downs[-1]["requested_at"] - drained if downs and drained else None,
+            "pauses_s": [r["pause_s"] for r in resizes], "nodes_at_end": nodes}
+
+
+def _nodes(env: dict) -> int:
+    done = subprocess.run([sys.executable, "-c", NODES], env=env, capture_output=True, text=True, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else -1
+
+
+def capacity_model(per_worker: float) -> list[dict]:
+    """Workers, partitions and nodes for a target rate, from one worker's measured rate."""
+    rows = []
+    for target in (10_000, 100_000, 1_000_000):
+        # DDP with one allreduce per batch: assume 80% scaling efficiency past one node (gloo
+        # on 10 GbE, a small MLP); 70% headroom so a backlog drains while the stream goes on.
+        workers = math.ceil(target / (per_worker * 0.8) / 0.7)
+        partitions = max(workers, math.ceil(target / 50_000))  # ~50k events/s (13 MB/s) per partition
+        nodes = math.ceil(workers / 8)  # 8 workers (1 core each) per 16-core node, half left for decode threads
+        rows.append({"events_per_s": target, "workers": workers, "partitions": partitions, "nodes_16_core": nodes})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--peak", type=float, default=30_000)
+    parser.add_argument("--skip-throughput", action="store_true", help="reuse docs/bench/scaling.json's figures")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
+        try:
+            settings = KafkaSettings(bootstrap=broker.bootstrap)
+            if args.skip_throughput:
+                rates = json.loads((REPO_ROOT / "docs/bench/scaling.json").read_text())["throughput"]
+            else:
+                ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
+                run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
+                rates = throughput(broker.bootstrap, args.events, home)
+            one = rates["runs"]["1"]["steady_events_per_s"] if "1" in rates["runs"] else \
+                rates["runs"][1]["steady_events_per_s"]
+            spike = reaction(broker.bootstrap, args.peak, home, capacity_floor=round(one * 0.8))
+        finally:
+            broker.stop()
+    report(args.events, rates, spike, capacity_model(one))
+
+
+def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
+    write_json("scaling", {"events": n, "throughput": rates, "spike": spike, "capacity_model": model})
+    base = rates["baseline_events_per_s"]
+    runs = {int(k): v for k, v in rates["runs"].items()}
+    pauses = spike["pauses_s"]
+
+    def fmt(v, unit=" s"):
+        return "n/a" if v is None else f"{v:.1f}{unit}"
+
+    lines = [
+        f"{machine_line()} Every worker here shares the same 2 cores: more workers cannot add compute on this "
+        "machine, so these rows show the cost of coordination, not a cluster's scaling.",
+        "",
+        f"Learned events/s per worker count ({n:,} fraud events, 4 partitions, same topic, same run):",
+        "",
+        "| workers | learned events/s (steady) | ratio to the 1-process baseline |", "|---:|---:|---:|",
+        f"| baseline (one process, no Ray) | {base:,.0f} | 1.00 |",
+        *[f"| {w} | {r['steady_events_per_s']:,.0f} | {r['steady_events_per_s'] / base:.2f} |"
+          for w, r in sorted(runs.items())],
+        "",
+        f"Reaction to a spike on the local autoscaling cluster (trickle 300/s, {spike['peak_events_per_s']:,.0f}/s "
+        "for 10 s, trickle; min 1, max 3 workers, up cool-down 5 s, down cool-down 20 s, target drain 15 s, "
+        "nodes of 1 CPU started by Ray's autoscaler, idle timeout 10 s):",
+        "",
+        "| | seconds |", "|---|---:|",
+        f"| spike start → policy asks for more workers and the autoscaler has room (reaction up) | "
+        f"{fmt(spike['reaction_up_s'], '')} |",
+        f"| spike start → the bigger group takes its first step | {fmt(spike['bigger_group_learning_s'], '')} |",
+        f"| resize pause, no optimizer step (median of {len(pauses)}: {', '.join(f'{p:.1f}' for p in pauses)}) | "
+        f"{fmt(median(pauses) if pauses else None, '')} |",
+        f"| spike start → backlog drained | {fmt(spike['backlog_drained_s'], '')} |",
+        f"| backlog drained → policy asks for fewer (reaction down) | {fmt(spike['reaction_down_s'], '')} |",
+        "",
+        f"Workers reached: {spike['max_workers_reached']}; the run learned "
+        f"{spike['summary']['events_learned']:,} events and dead-lettered {spike['summary']['dead_lettered']:,} "
+        "across every resize. The pause target is ≤ 10 s; on this machine the new group's start (worker processes "
+        "importing torch, the gloo group, the Kafka clients) shares the 2 cores with the old group's shutdown, the "
+        "broker and the generator.",
+        "",
+        "Capacity model (assumptions: one worker per core learns what one worker learned here, "
+        f"{runs[1]['steady_events_per_s']:,.0f} events/s; 80% DDP efficiency across nodes; 30% headroom to drain "
+        "backlogs; ≤ 50k events/s (≈ 13 MB/s of 262-byte events) per Kafka partition; 8 one-core workers per "
+        "16-core node, the other cores for decode threads and Ray):",
+        "",
+        "| events/s | workers | partitions | 16-core nodes |", "|---:|---:|---:|---:|",
+        *[f"| {r['events_per_s']:,} | {r['workers']} | {r['partitions']} | {r['nodes_16_core']} |" for r in model],
+        "",
+        "Past ~100k events/s a single DDP group's allreduce per batch becomes the limit for a model this small; "
+        "larger batches per step (fewer allreduces) or several independent groups on partition subsets are the "
+        "next steps, and the input network saturates before compute, as the seed reports warn.",
+    ]
+    write_section("scaling", "Scaling: workers per load, reaction and resize pause (issue: autoscaling)",
+                  "\n".join(lines))
+    print(json.dumps({"throughput": {w: r["steady_events_per_s"] for w, r in runs.items()},
+                      **{k: v for k, v in spike.items() if k != "summary"}}, default=str))
+
+
+if __name__ == "__main__":
+    main()
