@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamlearn.config import cache_dir, repo_file
+from streamlearn.config import KafkaSettings, cache_dir, repo_file
 from streamlearn.errors import BrokerStartError, ConfigError, KafkaUnavailable
+from streamlearn.kafka import secure
 
 KAFKA_VERSION = "4.3.1"
 JVM_FLAGS = ["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
@@ -53,16 +54,40 @@ def fetch_jars(version: str = KAFKA_VERSION) -> Path:
     return jars
 
 
-def metadata_ok(bootstrap: str, timeout: float = 2.0) -> bool:
+def metadata_ok(bootstrap: str, timeout: float = 2.0, conf: dict | None = None) -> bool:
     """True when a broker at `bootstrap` answers a metadata request (not just accepts TCP)."""
+    return probe({"bootstrap.servers": bootstrap, **(conf or {})}, timeout)[0]
+
+
+# Errors that retrying cannot fix: the client's credentials or trust settings are wrong.
+_AUTH_CODES = {"_AUTHENTICATION": "authentication failed", "SASL_AUTHENTICATION_FAILED": "authentication failed",
+               "_SSL": "TLS handshake failed"}
+
+
+def probe(conf: dict, timeout: float) -> tuple[bool, str | None]:
+    """(answers, why not): a metadata request with client config `conf`; stops at the first
+    authentication or TLS error instead of letting librdkafka reconnect until the timeout."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000),
-                         "log_level": 0, "logger": _silent})
-    try:
-        return admin.list_topics(timeout=timeout).brokers != {}
-    except Exception:
-        return False
+    errors: list = []
+    admin = AdminClient({**conf, "socket.timeout.ms": max(int(timeout * 1000), 100), "log_level": 0,
+                         "logger": _silent, "error_cb": errors.append})
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            if admin.list_topics(timeout=max(min(0.25, left), 0.05)).brokers:
+                return True, None
+        except KafkaException:
+            pass
+        admin.poll(0)  # serves error_cb
+        for err in errors:
+            kind = _AUTH_CODES.get(err.name())
+            if kind:
+                return False, f"{kind}: {err.str()}"
+        if left <= 0:
+            return False, None
 
 
 def _silent(*_args) -> None:
@@ -78,6 +103,7 @@ class EmbeddedKafka:
     data_dir: Path | None = None
     version: str = KAFKA_VERSION
     start_timeout_s: float = 90.0
+    security: secure.BrokerSecurity | None = None  # None: PLAINTEXT; else SASL_SSL + SCRAM for clients
 
     def __post_init__(self):
         self.port = self.port or free_port()
@@ -87,6 +113,20 @@ class EmbeddedKafka:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.data_dir / "tls"
+
+    def client_settings(self, user: str | None = None, password=None) -> KafkaSettings:
+        """Settings a client needs for this broker (as `user` when it runs SASL_SSL)."""
+        if self.security is None:
+            return KafkaSettings(bootstrap=self.bootstrap)
+        user = user or next(iter(self.security.users))
+        return secure.client_settings(self.bootstrap, self.security, self.tls_dir, user, password)
+
+    def _serving(self, timeout: float) -> bool:
+        return metadata_ok(self.bootstrap, timeout, self.client_settings().confluent())
 
     @property
     def log_file(self) -> Path:
@@ -105,7 +145,7 @@ class EmbeddedKafka:
             return None
 
     def start(self) -> EmbeddedKafka:
-        if self.pid() and metadata_ok(self.bootstrap):
+        if self.pid() and self._serving(2.0):
             return self  # already ours and serving: `up` is idempotent
         if not shutil.which("java"):
             raise ConfigError("Java 17+ is needed to run Kafka: apt-get install openjdk-17-jre-headless")
@@ -128,7 +168,7 @@ class EmbeddedKafka:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise BrokerStartError(f"Kafka exited with code {proc.returncode} at start; see {self.log_file}")
-            if metadata_ok(self.bootstrap, timeout=1.0):
+            if self._serving(1.0):
                 return self
             time.sleep(0.3)
         self.stop()
@@ -161,10 +201,16 @@ class EmbeddedKafka:
         base = repo_file("deploy/kafka/server.properties").read_text()
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         props = self.data_dir / "server.properties"
+        if self.security is None:
+            listeners = [f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+                         f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}"]
+        else:  # later keys win, so these replace the base file's PLAINTEXT listener settings
+            listeners = secure.listener_properties(self.security, self.tls_dir, self.port, self.controller_port)
+        if self.security is not None:  # it will hold the broker's own SCRAM password: private from the start
+            props.touch(mode=0o600)
+            os.chmod(props, 0o600)
         props.write_text(base + "\n".join([
-            "", "# Filled in by streamlearn for this broker:",
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "", "# Filled in by streamlearn for this broker:", *listeners,
             f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
             f"log.dirs={self.data_dir / 'data'}", ""]))
         return props
@@ -174,10 +220,14 @@ class EmbeddedKafka:
             return  # formatted before: keep its data
         java = ["java", "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool"]
         cluster_id = subprocess.run([*java, "random-uuid"], capture_output=True, text=True, check=True).stdout.strip()
-        done = subprocess.run([*java, "format", "-t", cluster_id, "-c", str(props), "--standalone", "-g"],
+        users = secure.scram_format_args(self.security, self.tls_dir) if self.security else []
+        done = subprocess.run([*java, "format", "-t", cluster_id, "-c", str(props), "--standalone", "-g", *users],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise BrokerStartError(f"formatting Kafka storage failed: {(done.stdout + done.stderr)[-600:]}")
+            output = (done.stdout + done.stderr)[-600:]
+            for secret in self.security.users.values() if self.security else ():
+                output = output.replace(secret.get_secret_value(), "**********")
+            raise BrokerStartError(f"formatting Kafka storage failed: {output}")
 
 
 def _alive(pid: int) -> bool:
@@ -192,6 +242,15 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def require_broker(bootstrap: str) -> None:
-    if not metadata_ok(bootstrap, timeout=3.0):
-        raise KafkaUnavailable(f"no Kafka broker answers at {bootstrap}; start one with `streamlearn kafka up`")
+def require_broker(target: str | KafkaSettings, timeout: float = 3.0) -> None:
+    """Fail fast, with what to fix, unless a broker answers with these settings."""
+    settings = target if isinstance(target, KafkaSettings) else KafkaSettings(bootstrap=target)
+    ok, problem = probe(settings.confluent(), timeout)
+    if ok:
+        return
+    if problem:  # wrong credentials do not get better by retrying: say so now, once
+        who = f" as {settings.sasl_username!r} ({settings.sasl_mechanism})" if settings.sasl_username else ""
+        raise ConfigError(f"Kafka at {settings.bootstrap} refused the connection{who}: {problem}. Check "
+                          "STREAMLEARN_KAFKA_SASL_USERNAME/_SASL_PASSWORD/_SECURITY_PROTOCOL and, for TLS, "
+                          "STREAMLEARN_KAFKA_SSL_CAFILE (the CA that signed the broker's certificate)")
+    raise KafkaUnavailable(f"no Kafka broker answers at {settings.bootstrap}; start one with `streamlearn kafka up`")

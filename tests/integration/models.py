@@ -1,0 +1,28 @@
+"""A served lineage without training: checkpoints written the way the trainer writes them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from streamlearn.pipeline import load_pipeline
+from streamlearn.train import checkpoint
+
+FRAUD = load_pipeline("fraud")
+EVENT = {"event_id": "e-1", "event_time": 1_700_000_000_000, "customer_id": "c-42", "amount": 125.5,
+         "currency": "EUR", "merchant_category": "electronics", "merchant_country": "NL", "channel": "ecom",
+         "card_present": False, "customer_age": 37, "account_tenure_days": 800, "is_fraud": False}
+
+
+def write_checkpoint(run_dir: Path, version: int, *, tamper: bool = False) -> Path:
+    torch.manual_seed(version)
+    meta = {"version": version, "offsets": {"0": 100 * version}, "counters": {"learned": 100 * version},
+            "metrics": {"online": {"auc": 0.8, "logloss": 0.3, "window": 1000}, "train_loss": 0.3},
+            "pipeline": FRAUD.describe(), "written_at": time.time(), "topic": "transactions"}
+    path = checkpoint.write(run_dir / f"checkpoint_{version:09d}", FRAUD.build_model().state_dict(), None, meta)
+    if tamper:  # a valid torch file with other weights: only the checksum can tell
+        other = {k: v + 1.0 for k, v in FRAUD.build_model().state_dict().items()}
+        torch.save({"model": other, "optimizer": None}, path / "model.pt")
+    return path
