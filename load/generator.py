@@ -206,13 +206,19 @@ def bench_generation(n: int = 200_000, seed: int = 0) -> float:
 MALFORMED_KINDS = ("empty", "oversized", "undecodable", "not_json", "not_object", "missing_field",
                    "wrong_type", "not_finite", "out_of_range", "unknown_value", "too_long")
 _PLACEHOLDER = "@@raw@@"
+_DEEP = 40  # nested containers where a scalar belongs; deeper than any real event, far below parser limits
 _FIELD_BREAKS = {  # code -> (field, raw JSON that breaks it)
     "wrong_type": (("amount", '"12.50"'), ("customer_age", "33.5"), ("card_present", '"yes"'), ("is_fraud", "0"),
-                   ("event_time", '"2026-01-01T00:00:00Z"'), ("customer_id", "12345"), ("currency", '["EUR"]')),
+                   ("event_time", '"2026-01-01T00:00:00Z"'), ("customer_id", "12345"), ("currency", '["EUR"]'),
+                   ("amount", "[" * _DEEP + "1" + "]" * _DEEP), ("merchant_country", '{"code": {"iso": ["DE"]}}'),
+                   # beyond 64 bits an integer parses as a float, which is no age
+                   ("customer_age", str(10**20)), ("channel", "true")),
     # Python's json accepts NaN/Infinity literals and turns 1e400 into inf: validation must catch all.
-    "not_finite": (("amount", "NaN"), ("amount", "Infinity"), ("amount", "-Infinity"), ("amount", "1e400")),
+    "not_finite": (("amount", "NaN"), ("amount", "Infinity"), ("amount", "-Infinity"), ("amount", "1e400"),
+                   ("amount", "1" + "0" * 400)),
     "out_of_range": (("amount", str(10**30)), ("amount", "-5.0"), ("customer_age", "7"), ("customer_age", "150"),
-                     ("account_tenure_days", "-1"), ("event_time", "-1")),
+                     ("account_tenure_days", "-1"), ("event_time", "-1"), ("amount", "1e308"),
+                     ("event_time", str(2**63)), ("account_tenure_days", str(2**62))),
     "unknown_value": (("currency", '"XYZ"'), ("channel", '"telepathy"'), ("merchant_country", '"ZZ"'),
                       ("merchant_category", '"lottery"')),
 }
@@ -259,13 +265,19 @@ def malformed_message(rng: random.Random | np.random.Generator, seq: int) -> tup
         # Leading continuation bytes: no BOM and no NUL, so json sniffs UTF-8 and fails to decode.
         return bytes(0x80 + _pick(rng, 64) for _ in range(4)) + _random_bytes(rng, 8 + _pick(rng, 200)), code
     if code == "not_json":
-        variants = (text[:1 + _pick(rng, len(text) - 1)], repr(event).encode(), b'{"amount": 1,}', b"hello kafka")
+        variants = (text[:1 + _pick(rng, len(text) - 1)], repr(event).encode(), b'{"amount": 1,}', b"hello kafka",
+                    b'{"amount":' + b"[" * 1100 + b"]" * 1100 + b"}",  # past the parser's depth limit
+                    text.replace(b'"grocery"', b'"\\ud800"'),  # a lone surrogate: no valid string
+                    bytes(_pick(rng, 32) for _ in range(1 + _pick(rng, 64))),  # control-character noise
+                    text + b"\x00")
         return variants[_pick(rng, len(variants))], code
     if code == "not_object":
         variants = (b"[" + text + b"]", b'"an event"', b"42", b"null", b"true")
         return variants[_pick(rng, len(variants))], code
     if code == "missing_field":
         name = _KEYS[_pick(rng, len(_KEYS))]
+        if _pick(rng, 3) == 0:  # renamed rather than dropped: an unknown field does not stand in for it
+            event = {**event, "x_" + name: event[name]}
         return _dumps(event, name, "null" if _pick(rng, 2) else None), code  # null counts as absent
     if code == "too_long":
         name = ("customer_id", "event_id", "currency")[_pick(rng, 3)]

@@ -10,6 +10,18 @@ py="${PYTHON:-python3}"
 command -v "$py" >/dev/null || { echo "setup: $py not found; install Python 3.11+ or set PYTHON=" >&2; exit 1; }
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python 3.11+ required ($py is older)" >&2; exit 1; }
 
+# The secured test broker (tests/integration/test_security.py) makes its certificates with openssl.
+if ! command -v openssl >/dev/null; then
+  echo "setup: installing openssl" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+fi
+
+# `streamlearn monitor` and tests/integration/test_metrics.py run a real Prometheus (Debian's package).
+if ! command -v prometheus >/dev/null; then
+  echo "setup: installing prometheus" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
 key=$( { "$py" -c 'import sys; print(sys.version)'; cat requirements.txt requirements-dev.txt; } | sha256sum | cut -c1-12)
 venv="$cache/venv-$key"
 mkdir -p "$cache"

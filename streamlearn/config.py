@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import SecretStr, model_validator
+from pydantic import SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlearn.errors import ConfigError
@@ -44,6 +44,16 @@ class KafkaSettings(BaseSettings):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
+
+    def __init__(self, **values: Any):
+        # pydantic's ValidationError repeats the inputs, the password among them: report only
+        # which setting is wrong and why.
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: "
+                                 f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
+            raise ConfigError(f"Kafka settings (env STREAMLEARN_KAFKA_*): {problems}") from None
 
     @model_validator(mode="after")
     def _sasl_complete(self):

@@ -91,7 +91,8 @@ class Field:
         if got == "number" and not math.isfinite(value):
             raise BadEvent(f"not_finite: {name!r} is {value}")
         if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
-            shown = value if abs(value) < 1e15 else f"{float(value):.3g}"
+            # float() of an integer past 1e308 overflows; JSON parsers other than orjson make such ints
+            shown = value if abs(value) < 1e15 else f"{float(value):.3g}" if abs(value) < 1e300 else "beyond 1e300"
             raise BadEvent(f"out_of_range: {name!r} is {shown}, allowed [{self.min}, {self.max}]")
         return float(value) if kind == "float" else value
 

@@ -11,7 +11,7 @@ from streamlearn.kafka.broker import require_broker
 
 
 def _admin(settings: KafkaSettings) -> KafkaAdminClient:
-    require_broker(settings.bootstrap)  # seconds, where kafka-python alone retries for half a minute
+    require_broker(settings)  # seconds, where kafka-python alone retries for half a minute
     try:
         return KafkaAdminClient(**settings.kafka_python(), client_id="streamlearn-admin", request_timeout_ms=15000)
     except KafkaError:
@@ -36,7 +36,7 @@ def ensure_topics(settings: KafkaSettings, topics: dict[str, int]) -> None:
 
 
 def _consumer(settings: KafkaSettings, group_id: str | None = None) -> KafkaConsumer:
-    require_broker(settings.bootstrap)
+    require_broker(settings)
     try:
         return KafkaConsumer(**settings.kafka_python(), group_id=group_id, enable_auto_commit=False,
                              client_id="streamlearn-lag")

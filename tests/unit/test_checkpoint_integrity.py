@@ -6,9 +6,15 @@ import pytest
 import torch
 from ray.train import Checkpoint
 
+from streamlearn.config import TrainConfig
 from streamlearn.errors import CheckpointError
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.loop import _restore
+
+
+def restore(tmp_path, checkpoint):
+    """The restore path as rank 0 runs it, with no newer checkpoint in the run directory."""
+    return _restore(TrainConfig(checkpoint_dir=str(tmp_path / "runs")), checkpoint, 0)
 
 
 def write(path):
@@ -16,7 +22,7 @@ def write(path):
 
 
 def test_restore_loads_a_verified_checkpoint(tmp_path):
-    model, optimizer, meta = _restore(Checkpoint.from_directory(str(write(tmp_path / "checkpoint_1"))))
+    model, optimizer, meta = restore(tmp_path, Checkpoint.from_directory(str(write(tmp_path / "checkpoint_1"))))
     assert torch.equal(model["w"], torch.ones(3)) and optimizer == {"state": {}} and meta["version"] == 1
 
 
@@ -32,4 +38,4 @@ def test_restore_refuses_a_tampered_checkpoint(tmp_path, tamper):
     else:
         (path / "model.pt").unlink()
     with pytest.raises(CheckpointError):
-        _restore(Checkpoint.from_directory(str(path)))
+        restore(tmp_path, Checkpoint.from_directory(str(path)))

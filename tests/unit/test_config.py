@@ -1,5 +1,4 @@
 import pytest
-from pydantic import ValidationError
 
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError
@@ -23,8 +22,18 @@ def test_train_config_fails_early_saying_how_to_fix(kwargs, says):
 
 
 def test_sasl_needs_all_its_settings():
-    with pytest.raises(ValidationError, match="SASL needs"):
+    with pytest.raises(ConfigError, match="SASL needs"):
         KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512")
+
+
+def test_a_wrong_kafka_setting_never_echoes_the_password():
+    # pydantic's own error repeats every input; the ConfigError names the setting only.
+    with pytest.raises(ConfigError) as caught:
+        KafkaSettings(security_protocol="SASL_SSL", sasl_password="hunter2-very-secret")
+    with pytest.raises(ConfigError, match="sasl_mechanism") as wrong_choice:
+        KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-1", sasl_username="bank",
+                      sasl_password="hunter2-very-secret")
+    assert "hunter2" not in str(caught.value) + str(wrong_choice.value)
 
 
 def test_secrets_never_print_but_reach_the_clients(monkeypatch):
