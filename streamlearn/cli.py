@@ -53,8 +53,9 @@ def kafka_status(bootstrap: str | None = BOOTSTRAP):
     """Print the bootstrap address; exit 1 when no broker answers there."""
     from streamlearn.kafka.broker import metadata_ok
 
-    address = _kafka(bootstrap).bootstrap
-    if not metadata_ok(address, timeout=3.0):
+    settings = _kafka(bootstrap)
+    address = settings.bootstrap
+    if not metadata_ok(address, timeout=3.0, conf=settings.confluent()):
         print(f"no broker answers at {address}", file=sys.stderr)
         raise typer.Exit(1)
     print(address)
@@ -119,8 +120,16 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
           max_events: int | None = typer.Option(None, help="Stop after learning/dead-lettering this many."),
           until_idle: float | None = typer.Option(None, help="Stop after the stream is idle this many seconds."),
           timeline: str = typer.Option("", help="Write a Chrome trace per rank to PATH.rankN.json."),
-          seed: int = 0):
-    """Train continuously from the topic (bounded with --max-events / --until-idle); prints a JSON summary."""
+          seed: int = 0,
+          min_workers: int | None = typer.Option(None, help="Autoscale: fewest workers (default: --workers)."),
+          max_workers: int | None = typer.Option(None, help="Autoscale: most workers (default: --workers)."),
+          up_cooldown: float = typer.Option(15.0, help="Autoscale: seconds the need must stay high to add."),
+          down_cooldown: float = typer.Option(60.0, help="Autoscale: seconds the need must stay low to remove."),
+          target_drain: float = typer.Option(30.0, help="Autoscale: a backlog should drain within this."),
+          capacity_floor: float = typer.Option(1000.0, help="Autoscale: events/s one worker learns, at least.")):
+    """Train continuously from the topic (bounded with --max-events / --until-idle); prints a JSON summary.
+    With --min-workers < --max-workers the worker count follows the load (docs/OPERATIONS.md, Scaling)."""
+    from streamlearn.autoscale.policy import ScalingPolicy
     from streamlearn.train.trainer import train as run_training
 
     cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, use_gpu=use_gpu,
@@ -129,7 +138,10 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
                       keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,
                       until_idle_s=until_idle, seed=seed,
                       timeline=str(Path(timeline).resolve()) if timeline else "")
-    _print_json(run_training(cfg, _kafka(bootstrap)))
+    scaling = ScalingPolicy(min_workers=min_workers or workers, max_workers=max_workers or workers,
+                            up_cooldown_s=up_cooldown, down_cooldown_s=down_cooldown, target_drain_s=target_drain,
+                            capacity_floor=capacity_floor, normal_lag_s=checkpoint_every_s)
+    _print_json(run_training(cfg, _kafka(bootstrap), scaling))
 
 
 @app.command()
@@ -188,6 +200,125 @@ def serve_unpin(pipeline: str = "fraud", run_name: str = "",
 
     cfg = ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name)
     print("unpinned" if unpin(checkpoint_dir, cfg.run_name) else "nothing was pinned")
+
+
+def _run_dir(run_dir: Path | None, checkpoint_dir: str, pipeline: str, run_name: str) -> Path:
+    if run_dir is not None:
+        return run_dir
+    return Path(checkpoint_dir) / TrainConfig(pipeline=pipeline, run_name=run_name).run_name
+
+
+@app.command()
+def report(run_dir: Path | None = typer.Argument(None, help="Run directory (default: CHECKPOINT_DIR/RUN_NAME)."),
+           checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="The trainer's checkpoint directory."),
+           pipeline: str = "fraud", run_name: str = "",
+           out: Path | None = typer.Option(None, help="Where the PNGs go (default: RUN_DIR/report).")):
+    """PNG charts of a run over time (rate, lag, workers, online metric, loss, versions); during or after it."""
+    from streamlearn.observe.report import render_report
+
+    directory = _run_dir(run_dir, checkpoint_dir, pipeline, run_name)
+    for path in render_report(directory, out or directory / "report"):
+        print(path)
+
+
+@app.command()
+def status(address: str = typer.Option("auto", help="Ray cluster: 'auto', HOST:6379 or ray://HOST:10001."),
+           pipeline: str = "fraud", run_name: str = typer.Option("", help="Run name (default: the pipeline name)."),
+           serve_url: str = typer.Option("http://127.0.0.1:8000", help="The scorer (GET /model)."),
+           once: bool = typer.Option(False, help="Print one frame and exit."),
+           interval: float = typer.Option(2.0, min=0.2, help="Seconds between refreshes.")):
+    """One refreshing screen: input rate, lag, workers, model version and age, online metric, scoring p99."""
+    from streamlearn.observe.status import Sources, run_status
+
+    name = TrainConfig(pipeline=pipeline, run_name=run_name).run_name
+    run_status(Sources(address=address, run_name=name, serve_url=serve_url), once=once, interval_s=interval)
+
+
+timeline_app = typer.Typer(no_args_is_help=True, help="The per-rank Chrome traces written by `train --timeline`.")
+app.add_typer(timeline_app, name="timeline")
+
+
+@timeline_app.command("merge")
+def timeline_merge(paths: list[Path] = typer.Argument(..., help="Trace files, e.g. /tmp/tl.rank*.json."),
+                   out: Path = typer.Option(Path("timeline.json"), "--out", "-o", help="The merged trace.")):
+    """One trace with every rank, for chrome://tracing or ui.perfetto.dev (they open one file at a time)."""
+    from streamlearn.observe.timeline import merge
+
+    print(f"{out}: {merge(list(paths), out)} events from {len(paths)} files")
+
+
+monitor_app = typer.Typer(no_args_is_help=True, help="A real Prometheus scraping the running Ray cluster.")
+app.add_typer(monitor_app, name="monitor")
+MONITOR_DIR = typer.Option(None, "--data-dir", help="Prometheus data, config and log (default: cache/prometheus).")
+
+
+def _monitor(data_dir: Path | None, port: int, **kw):
+    from streamlearn.monitor import Monitor
+
+    return Monitor(port=port, **kw) if data_dir is None else Monitor(data_dir=data_dir, port=port, **kw)
+
+
+@monitor_app.command("up")
+def monitor_up(port: int = typer.Option(9090, help="Listen port; 0 picks a free one."),
+               data_dir: Path | None = MONITOR_DIR,
+               host: str = typer.Option("127.0.0.1", help="Listen address (0.0.0.0 for a remote Grafana)."),
+               address: str = typer.Option("auto", help="Ray cluster whose nodes to scrape (run on its head)."),
+               discovery_file: Path | None = typer.Option(None, help="Ray's prom_metrics_service_discovery.json "
+                                                                      "(default: the cluster's, via --address).")):
+    """Start Prometheus against the running Ray cluster's metrics; prints its URL once ready."""
+    from streamlearn.monitor import cluster_discovery_file
+
+    monitor = _monitor(data_dir, port, host=host, discovery_file=discovery_file)
+    if discovery_file is None and monitor.pid() is None:
+        monitor.discovery_file = cluster_discovery_file(address)
+    print(monitor.up().url)
+
+
+@monitor_app.command("down")
+def monitor_down(data_dir: Path | None = MONITOR_DIR):
+    """Stop the Prometheus `monitor up` started (by its pid file)."""
+    print("stopped" if _monitor(data_dir, 0).down() else "not running")
+
+
+@monitor_app.command("status")
+def monitor_status(data_dir: Path | None = MONITOR_DIR):
+    """Whether it runs, its URL and whether it is ready."""
+    _print_json(_monitor(data_dir, 0).status())
+
+
+cluster_app = typer.Typer(no_args_is_help=True, help="A local autoscaling Ray cluster (Ray's fake multi-node "
+                                                         "provider: the real autoscaler, nodes on this machine).")
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("up")
+def cluster_up(port: int = typer.Option(0, help="GCS port; 0 picks a free one."),
+               max_nodes: int = typer.Option(3, min=1, help="Autoscaled worker nodes at most."),
+               node_cpus: int = typer.Option(1, min=1, help="CPUs per node (one training worker at 1 CPU)."),
+               idle_timeout: float = typer.Option(15.0, help="Seconds before an idle node is removed.")):
+    """Start the head; the autoscaler adds nodes on demand. Prints the environment a driver needs."""
+    from streamlearn.cluster import ClusterSpec, client_env, up
+
+    cluster = up(ClusterSpec(port=port, max_nodes=max_nodes, node_cpus=node_cpus, idle_timeout_s=idle_timeout))
+    for key, value in client_env(cluster.port).items():
+        print(f"export {key}={value}")
+    print(f"# dashboard: {cluster.dashboard_url}   stop: streamlearn cluster down --port {cluster.port}")
+
+
+@cluster_app.command("down")
+def cluster_down(port: int = typer.Option(..., help="The port `cluster up` printed (in RAY_ADDRESS).")):
+    """Stop the head and every node it launched (by their processes, not by name)."""
+    from streamlearn.cluster import down
+
+    print(f"stopped {down(port)} processes")
+
+
+@cluster_app.command("status")
+def cluster_status(port: int = typer.Option(..., help="The port `cluster up` printed.")):
+    """Where the cluster is; exit 2 when it is not running."""
+    from streamlearn.cluster import status
+
+    _print_json(status(port))
 
 
 def main() -> None:

@@ -98,6 +98,7 @@ class ScaleController:
         self.learned_total, self.last_step_t = 0, None
         self._base = 0  # events learned by earlier groups (each group's rank 0 counts from zero)
         self._requester = None  # our requests to Ray's AutoscalingCoordinator
+        self.learning = False  # whether the running group has taken its first step
         self.resizes: deque[dict[str, Any]] = deque(maxlen=20)
         self._snapshot: dict[str, Any] = {}
         self._prev: tuple[float, int, int] | None = None  # (t, produced, learned) of the last sample
@@ -111,6 +112,7 @@ class ScaleController:
             if workers != self.group:
                 return  # a late report from a group already replaced
             self.learned_total, self.last_step_t = self._base + learned_total, step_t
+            self.learning = True
             if self.resuming:
                 self._finish_resize(step_t)
 
@@ -133,6 +135,7 @@ class ScaleController:
             self.resuming = {**self.stopping, "stopped_at": self.last_step_t or time.time()}
             self.stopping = None
             self.group = self.resuming["to"]
+            self.learning = False
             self._base = self.learned_total  # the new group counts from zero again
             return self.group
 
@@ -166,19 +169,28 @@ class ScaleController:
             dt = max(now - prev[0], 1e-3)
             obs = Observation(t=time.monotonic(), lag=sum(lag.values()), input_rate=max(0, produced - prev[1]) / dt,
                               learned_rate=max(0, learned - prev[2]) / dt, workers=self.group)
-            decision, self.state = decide(obs, self.state, self.policy)
-            if decision.desired != self.target:
-                log("scale_decision", pipeline=self.pipeline, desired=decision.desired, running=self.group,
-                    reason=decision.reason)
-            self.target, self.reason = decision.desired, decision.reason
-            if self.stopping is None and self.resuming is None:
-                self._provision(self.target)  # again each sample: the ask expires, and must follow the target
-            if self.target > self.group and self.stopping is None and not self._room():
-                self.reason += f"; waiting for the autoscaler to add room for {self.target - self.group} more"
+            if self.learning:
+                self._decide(obs)
+            else:
+                # A group starting up learns nothing and its lag grows: no capacity sample and no
+                # reason to resize again. Deciding here re-added the workers just removed.
+                self.reason = f"group of {self.group} starting: no decision until its first step"
             self._snapshot = self._make_snapshot(now, obs, lag, learned)
+
         metrics.record_scaling(self._snapshot)
         self._append("scaling.jsonl", {k: self._snapshot[k] for k in (
             "t", "lag", "input_rate", "learned_rate", "workers_active", "workers_desired", "reason")})
+
+    def _decide(self, obs: Observation) -> None:
+        decision, self.state = decide(obs, self.state, self.policy)
+        if decision.desired != self.target:
+            log("scale_decision", pipeline=self.pipeline, desired=decision.desired, running=self.group,
+                reason=decision.reason)
+        self.target, self.reason = decision.desired, decision.reason
+        if self.stopping is None and self.resuming is None:
+            self._provision(self.target)  # again each sample: the ask expires, and must follow the target
+        if self.target > self.group and self.stopping is None and not self._room():
+            self.reason += f"; waiting for the autoscaler to add room for {self.target - self.group} more"
 
     def _make_snapshot(self, now: float, obs: Observation, lag: dict[int, int], learned: int) -> dict[str, Any]:
         newest = ckpt.newest(self.run_dir)

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from streamlearn import metrics
 from streamlearn.errors import CheckpointError
-from streamlearn.logs import log
+from streamlearn.logs import bind, log
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.serve.config import ServeConfig
 from streamlearn.train import checkpoint
@@ -166,6 +167,7 @@ class ModelStore:
     def __init__(self, pipeline: Pipeline, run_dir: str | Path, *, quality_tolerance: float = 0.02,
                  max_abs_weight: float = 1e4, poll_interval_s: float = 0.5):
         self.pipeline = pipeline
+        bind(pipeline=pipeline.name)  # one store per replica process: its log lines say which pipeline
         self.run_dir = Path(run_dir)
         self.quality_tolerance = quality_tolerance
         self.max_abs_weight = max_abs_weight
@@ -226,6 +228,8 @@ class ModelStore:
                     log("serve_candidate_vanished", level="warning", version=version, error=str(e))
                     continue
                 self.current = loaded  # the atomic swap
+                bind(version=version)
+                metrics.record_swap(self.pipeline.name, version)
                 log("serve_swapped", version=version, previous=serving.version if serving else None,
                     pinned=self.pinned is not None)
                 return True
@@ -246,6 +250,7 @@ class ModelStore:
         self._rejected[version] = (rejection, _signature(path))
         self.last_rejection = rejection
         self.rejections[kind] += 1
+        metrics.record_rejection(self.pipeline.name, kind)
         log("serve_rejected", level="warning", version=version, kind=kind, reason=reason)
 
     def _load(self, version: int, path: Path, baseline: ServingModel | None) -> ServingModel:

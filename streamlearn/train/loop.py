@@ -25,12 +25,13 @@ import torch.distributed as dist
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.ingest.stream import Batch, WorkerStream
 from streamlearn.ingest.windows import WindowPlanner
-from streamlearn.logs import log
+from streamlearn.logs import bind, log
+from streamlearn.metrics import dead_by_reason, record_checkpoint, record_window
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, broadcast
 from streamlearn.train.lineage import Counters, Lineage
-from streamlearn.train.phases import Phases
+from streamlearn.train.phases import Phases, trace_allreduce
 from streamlearn.train.prequential import SlidingWindow, summarize
 
 
@@ -40,11 +41,12 @@ def train_loop_per_worker(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     pipeline = load_pipeline(cfg.pipeline)
+    bind(pipeline=pipeline.name, rank=rank)  # on every log line from this worker, reader thread too
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng([cfg.seed, rank, int(time.time())])
     device = ray.train.torch.get_device()
 
-    restored = _restore(ray.train.get_checkpoint())
+    restored = _restore(cfg, ray.train.get_checkpoint(), rank)
     model = pipeline.build_model()
     if restored:
         model.load_state_dict(restored[0])
@@ -54,10 +56,12 @@ def train_loop_per_worker(config: dict) -> None:
         optimizer.load_state_dict(restored[1])
 
     phases = Phases(rank, cfg.timeline)
+    trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
     stream = WorkerStream(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
     lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
     stream.dead_letters.skip_written_since(lineage.dlq_positions)
-    coordinator = _coordinator(cfg, stream, lineage, world) if rank == 0 else None
+    bind(version=lineage.version)
+    coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller")) if rank == 0 else None
     recent = SlidingWindow(cfg.metric_window)
     delta, loss_sum = Counters(), 0.0
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
@@ -76,9 +80,12 @@ def train_loop_per_worker(config: dict) -> None:
             steps, batch_loss = learn(model, optimizer, pipeline, batch, cfg.batch_size, rng, device, recent,
                                       phases)
             stream.dead_letter(batch)
+            record_window(pipeline.name, batch.size, dead_by_reason(batch.bad), steps if rank == 0 else 0)
             delta.add(Counters(batch.size, batch.dead_lettered, batch.fingerprint, steps))
             loss_sum += batch_loss
             lineage.positions.update(window.end_positions())
+            if coordinator:
+                coordinator.learned(window)
             if window.checkpoint:
                 with phases("checkpoint"):
                     save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, rank, phases)
@@ -106,22 +113,27 @@ def learn(model, optimizer, pipeline: Pipeline, batch: Batch, batch_size: int, r
     features, targets = torch.from_numpy(batch.features), torch.from_numpy(batch.targets)
     loss_sum = 0.0
     with phases("train", events=batch.size, steps=steps):
-        loss_sum = _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent)
+        loss_sum = _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent,
+                          phases)
     return steps, loss_sum
 
 
-def _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent) -> float:
+def _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent,
+           phases: Phases) -> float:
     loss_sum = 0.0
     for idx, total in zip(chunks, totals, strict=True):
         x, y = features[idx].to(device), targets[idx].to(device)
-        output = model(x)
-        per_event = pipeline.loss(output, y)
-        # Sum, scaled so DDP's mean over ranks equals the mean over the global batch,
-        # however unevenly the window split (an empty rank still joins the allreduce).
-        loss = per_event.sum() * (world / total)
+        with phases("forward"):
+            output = model(x)
+            per_event = pipeline.loss(output, y)
+            # Sum, scaled so DDP's mean over ranks equals the mean over the global batch,
+            # however unevenly the window split (an empty rank still joins the allreduce).
+            loss = per_event.sum() * (world / total)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        with phases("backward"):  # DDP's allreduce overlaps this; the timeline shows it on its own track
+            loss.backward()
+        with phases("step"):
+            optimizer.step()
         if len(idx):
             recent.add(pipeline.score(output.detach()).cpu().numpy(), targets[idx].numpy())
             loss_sum += float(per_event.detach().sum())
@@ -136,6 +148,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     windows = _gather(recent.arrays())
     lineage.totals.add(summed[0])
     lineage.version += 1
+    bind(version=lineage.version)
     metrics = {"version": lineage.version, "learned": lineage.totals.learned, "phases_s": phases.take(),
                "dead_lettered": lineage.totals.dead_lettered, "steps": lineage.totals.steps,
                "train_loss": summed[1] / max(summed[0].learned, 1)}
@@ -161,6 +174,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
                           "learned": lineage.totals.learned, "dead_lettered": lineage.totals.dead_lettered,
                           "steps": lineage.totals.steps, "train_loss": metrics["train_loss"],
                           "phases_s": metrics["phases_s"], **metrics["online"]})
+    record_checkpoint(pipeline.name, lineage.version, metrics["train_loss"], metrics["online"], meta["written_at"])
     log("checkpoint", pipeline=pipeline.name, rank=rank, version=lineage.version, learned=lineage.totals.learned,
         dead_lettered=lineage.totals.dead_lettered, online=metrics["online"], train_loss=metrics["train_loss"])
 
@@ -172,11 +186,24 @@ def _append_history(cfg: TrainConfig, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _restore(checkpoint) -> tuple[dict, dict | None, dict] | None:
-    if checkpoint is None:
-        return None
-    with checkpoint.as_directory() as directory:
-        return ckpt.load(directory)
+def _restore(cfg: TrainConfig, checkpoint, rank: int) -> tuple[dict, dict | None, dict] | None:
+    """The newest checkpoint of the lineage. Usually Ray Train's; but a worker's report reaches
+    Ray's bookkeeping only when its controller next polls, so a controller stopped in between
+    (`ray job stop`, a killed driver) hands back an older one than the newest complete checkpoint
+    on disk, and the run would learn those windows again. Rank 0 picks; every rank loads that one."""
+    given = None
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            given = ckpt.load(directory)
+    newer = None
+    if rank == 0:
+        on_disk = ckpt.newest(f"{cfg.checkpoint_dir}/{cfg.run_name}")  # checksums verified
+        if on_disk is not None and int(ckpt.read_meta(on_disk)["version"]) > (given[2]["version"] if given else 0):
+            newer = str(on_disk)
+            log("restore_newer_than_ray", level="warning", path=newer,
+                ray_version=given[2]["version"] if given else None)
+    newer = broadcast(newer, rank)
+    return ckpt.load(newer) if newer else given
 
 
 def _lineage(cfg: TrainConfig, stream: WorkerStream, restored) -> Lineage:
@@ -192,9 +219,10 @@ def _lineage(cfg: TrainConfig, stream: WorkerStream, restored) -> Lineage:
     return lineage
 
 
-def _coordinator(cfg: TrainConfig, stream: WorkerStream, lineage: Lineage, world: int) -> Coordinator:
+def _coordinator(cfg: TrainConfig, stream: WorkerStream, lineage: Lineage, world: int, controller) -> Coordinator:
     planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=cfg.max_events)
-    return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world))
+    return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
+                       world=world, controller=controller)
 
 
 def _all_sizes(n: int) -> list[int]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError
 from streamlearn.kafka.admin import ensure_topics, partitions_of
@@ -19,7 +21,7 @@ def run_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.checkpoint_dir) / cfg.run_name
 
 
-def build_trainer(cfg: TrainConfig, kafka: KafkaSettings):
+def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None):
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -28,7 +30,7 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings):
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"train": cfg, "kafka": kafka},
+        train_loop_config={"train": cfg, "kafka": kafka, "controller": controller},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),
@@ -43,23 +45,57 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings):
     )
 
 
-def train(cfg: TrainConfig, kafka: KafkaSettings) -> dict[str, Any]:
-    """Run continuous training until the config's bound (or forever); return the run summary."""
+def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None = None) -> dict[str, Any]:
+    """Run continuous training until the config's bound (or forever); return the run summary.
+
+    With a scaling policy whose min and max differ, the worker count follows the load: each
+    resize ends the running group at a checkpoint and starts one of the new size from it (Ray
+    Train v2 fixes a group's size for its life, and its elastic range always asks for the max).
+    Without one, the group keeps cfg.workers, and the controller still samples lag for metrics.
+    """
     import ray
 
+    from streamlearn.autoscale.controller import start_controller
+
     load_pipeline(cfg.pipeline)  # fail here, not inside a worker, if the pipeline is broken
-    require_broker(kafka.bootstrap)
+    require_broker(kafka)
     if not partitions_of(kafka, cfg.topic):
         raise ConfigError(f"topic {cfg.topic!r} does not exist at {kafka.bootstrap}; "
                           f"create it with `streamlearn topics create {cfg.topic}` or produce with `streamlearn load`")
     ensure_topics(kafka, {cfg.dlq_topic: 1})
+    policy = scaling or ScalingPolicy(min_workers=cfg.workers, max_workers=cfg.workers)
+    workers = min(max(cfg.workers, policy.min_workers), policy.max_workers)
     before = _meta_or_none(ckpt.newest(run_dir(cfg)))
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=True)
     started = time.time()
-    build_trainer(cfg, kafka).fit()
+    controller = start_controller(cfg, kafka, policy, workers)
+    try:
+        while workers:
+            group_cfg = _group_config(cfg, workers, before)
+            if group_cfg is None:
+                break  # the event budget was spent by earlier groups
+            build_trainer(group_cfg, kafka, controller).fit()
+            workers = ray.get(controller.take_resize.remote())
+    finally:
+        ray.get(controller.stop.remote())
+        ray.kill(controller)
     after = _meta_or_none(ckpt.newest(run_dir(cfg)))
     return summarize_run(before, after, time.time() - started)
+
+
+def _group_config(cfg: TrainConfig, workers: int, before: dict | None) -> TrainConfig | None:
+    """The next group's config: its size, and what is left of this run's event budget."""
+    if cfg.max_events is None:
+        return replace(cfg, workers=workers)
+    done = _consumed(_meta_or_none(ckpt.newest(run_dir(cfg)))) - _consumed(before)
+    left = cfg.max_events - done
+    return replace(cfg, workers=workers, max_events=left) if left > 0 else None
+
+
+def _consumed(meta: dict | None) -> int:
+    counters = (meta or {}).get("counters", {})
+    return counters.get("learned", 0) + counters.get("dead_lettered", 0)
 
 
 def _meta_or_none(path: Path | None) -> dict[str, Any] | None:
