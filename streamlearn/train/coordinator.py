@@ -40,7 +40,7 @@ class Coordinator:
     world: int = 1
     controller: Any = None  # this run's ScaleController handle (None: fixed size, e.g. in tests)
     last_checkpoint_t: float = field(default_factory=time.monotonic)
-    last_data_t: float = field(default_factory=time.monotonic)
+    empty_since: float = field(default_factory=time.monotonic)  # first of the current run of empty plans
     planned_since_checkpoint: int = 0
     _partitions: list[int] = field(default_factory=list)
     _partitions_t: float = 0.0
@@ -53,7 +53,10 @@ class Coordinator:
         if self._last_empty:
             time.sleep(self.cfg.poll_interval_s)  # nothing new last time: don't spin on the broker
         now = time.monotonic()
-        idle_stop = self.cfg.until_idle_s is not None and now - self.last_data_t >= self.cfg.until_idle_s
+        # Idle means plans kept finding nothing for that long, not that the last plan with data is
+        # that old: a slow window (seconds on a busy machine) is not an idle stream.
+        idle_stop = (self.cfg.until_idle_s is not None and self._last_empty
+                     and now - self.empty_since >= self.cfg.until_idle_s)
         try:
             highs = {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions(now)).items()}
         except (KafkaException, KafkaUnavailable) as e:
@@ -62,8 +65,8 @@ class Coordinator:
             log("kafka_unreachable", level="warning", error=str(e)[:200])
             highs = {}
         window = self.planner.next(highs, stop=idle_stop or self._resize_due(now))
-        if window.size:
-            self.last_data_t = now
+        if window.size == 0 and not self._last_empty:
+            self.empty_since = now
         self._last_empty = window.size == 0
         self.planned_since_checkpoint += window.size
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s
