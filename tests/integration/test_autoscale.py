@@ -26,6 +26,7 @@ from .streams import expected_learning, read_topic
 
 pytestmark = pytest.mark.timeout(900)
 
+# Each poll is a fresh driver (the cluster's token auth must be set before Ray is imported).
 NODES = """
 import json, ray
 ray.init(address="auto", log_to_driver=False, configure_logging=False)
@@ -80,7 +81,7 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
         [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "fraud", "--bootstrap", kafka.bootstrap,
          "--topic", topic, "--workers", "1", "--min-workers", "1", "--max-workers", "2", "--cpus-per-worker", "1",
          "--checkpoint-dir", str(checkpoints), "--checkpoint-every-s", "2", "--up-cooldown", "3",
-         "--down-cooldown", "8", "--target-drain", "5", "--capacity-floor", "2000", "--until-idle", "8"],
+         "--down-cooldown", "8", "--target-drain", "10", "--capacity-floor", "2000", "--until-idle", "8"],
         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=open(tmp_path / "train.log", "w"), text=True)
     run = checkpoints / "fraud"
     load = Load(kafka.bootstrap, topic)
@@ -88,10 +89,10 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
     load.start()  # the trickle first: training stops after --until-idle seconds without events
     try:
         _wait(lambda: _rows(run / "history.jsonl"), 240, "a first checkpoint", train, run)
-        _wait(lambda: _node_count(env, nodes_seen, load.phase) >= 2, 300, "a second node", train, run)
+        _wait(lambda: _node_count(env, nodes_seen, load.phase) >= 2, 300, "a second node", train, run, every_s=5)
         _wait(lambda: any(r["to"] == 2 for r in _rows(run / "resizes.jsonl")), 300, "a resize to 2", train, run)
         _wait(lambda: any(r["to"] == 1 for r in _rows(run / "resizes.jsonl")), 300, "a resize back to 1", train, run)
-        _wait(lambda: _node_count(env, nodes_seen, load.phase) == 1, 240, "the extra node to go", train, run)
+        _wait(lambda: _node_count(env, nodes_seen, load.phase) == 1, 240, "the extra node to go", train, run, every_s=5)
     finally:
         load.stop.set()
         load.join(timeout=60)
@@ -116,13 +117,13 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
     assert meta["counters"]["fingerprint"] == expected["fingerprint"]
 
 
-def _wait(ready, timeout_s: float, what: str, train: subprocess.Popen, run: Path) -> None:
+def _wait(ready, timeout_s: float, what: str, train: subprocess.Popen, run: Path, every_s: float = 2.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not ready():
         assert train.poll() is None, f"training exited ({train.returncode}) while waiting for {what}"
         assert time.monotonic() < deadline, (f"no {what} within {timeout_s} s; the controller's last samples: "
                                              f"{_rows(run / 'scaling.jsonl')[-5:]}")
-        time.sleep(2)
+        time.sleep(every_s)
 
 
 def _node_count(env: dict, seen: list, phase: str) -> int:
