@@ -188,6 +188,11 @@ def memory_trends(samples: list[dict], warmup_s: float) -> list[dict]:
     return rows
 
 
+def num(value, spec: str = ".1f") -> str:
+    """A figure for the table, or "n/a" where the run produced none (e.g. no model served yet)."""
+    return "n/a" if value is None or (isinstance(value, float) and not np.isfinite(value)) else format(value, spec)
+
+
 def report(args, samples: list[dict], requests: list, produced: dict, final_lag: int | None) -> None:
     duration = args.minutes * 60
     warmup = max(60.0, duration / 5)
@@ -210,8 +215,8 @@ def report(args, samples: list[dict], requests: list, produced: dict, final_lag:
     f = figures
     rows = [f"| {m['process']} | {m['rss_start_mib']:.0f} | {m['rss_end_mib']:.0f} | {m['rss_max_mib']:.0f} | "
             f"{m['growth_mib']:+.1f} | {m['slope_mib_per_min']:+.2f} |" for m in trends]
-    timeline = [f"| {s['t']:.0f} | {s['lag_events']} | {s['learned']:,} | {s['requests']} | "
-                f"{(s['p99_ms'] or float('nan')):.1f} | {sum(s['rss_mib'].values()):.0f} |"
+    timeline = [f"| {s['t']:.0f} | {num(s['lag_events'], 'd')} | {s['learned']:,} | {s['requests']} | "
+                f"{num(s['p99_ms'])} | {sum(s['rss_mib'].values()):.0f} |"
                 for s in samples[:: max(1, len(samples) // 12)]]
     text = "\n".join([
         f"{args.minutes:g} minutes at a steady {args.rate:,.0f} events/s (1% malformed): training with 2 workers "
@@ -219,11 +224,12 @@ def report(args, samples: list[dict], requests: list, produced: dict, final_lag:
         f"back; a sample every {args.sample_every:g} s. Trends are judged after a {warmup:.0f} s warm-up. "
         f"{machine_line()}",
         "",
-        f"Lag (events in Kafka not yet in a checkpoint): slope {f['lag_slope_events_per_s']:+.2f} events/s after "
-        f"warm-up (at most {f['lag_max_after_warmup']} events), {f['final_lag_events']} at the end. "
-        f"Scoring: {f['requests']:,} requests, {f['failed_requests']} failed, p50 {f['scoring_p50_ms']:.1f} ms, "
-        f"p99 {f['scoring_p99_ms']:.1f} ms overall; median per-sample p99 {f['p99_first_half_median_ms']:.1f} ms "
-        f"in the first half after warm-up and {f['p99_second_half_median_ms']:.1f} ms in the second.",
+        f"Lag (events in Kafka not yet in a checkpoint): slope {num(f['lag_slope_events_per_s'], '+.2f')} events/s "
+        f"after warm-up (at most {num(f['lag_max_after_warmup'], 'd')} events), {num(final_lag, 'd')} at the end. "
+        f"Scoring: {f['requests']:,} requests, {f['failed_requests']} failed (503 before the first checkpoint "
+        f"included), p50 {num(f['scoring_p50_ms'])} ms, p99 {num(f['scoring_p99_ms'])} ms overall; median "
+        f"per-sample p99 {num(f['p99_first_half_median_ms'])} ms in the first half after warm-up and "
+        f"{num(f['p99_second_half_median_ms'])} ms in the second.",
         "",
         "Resident memory per process after warm-up (MiB; slope by least squares):",
         "",
