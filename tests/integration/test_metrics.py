@@ -132,7 +132,7 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
     url = monitor.url
     cfg = TrainConfig(topic=topic, workers=2, cpus_per_worker=0.5, checkpoint_dir=str(tmp_path / "ckpt"),
                       run_name=f"metrics-{topic}", checkpoint_every_s=2.0, checkpoint_every_steps=15,
-                      window_events=1000, until_idle_s=5.0, batch_size=128)
+                      window_events=1000, until_idle_s=4.0, batch_size=128)
     serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=PIPELINE,
                             port=free_port(), poll_interval_s=0.25, quality_tolerance=1.0,  # every real one swaps
                             min_replicas=1, max_replicas=1)
@@ -177,18 +177,22 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
             lag.join(10)
         write_checkpoint(run_dir(cfg), newest["version"] + 100, corrupt=True)  # the integrity gate refuses it
 
+        # every process's last pushes scraped: all counters and the served version hold still
+        final = settle(lambda: ({n: total(url, names[n]) for n in before}, statuses(url), total(url, latency[2]),
+                                gauge(url, "streamlearn_model_version_served", "max", "5s")))
+        counters, after_status, latency_count, served = final
+
         # -- training: counters moved by exactly what the run learned --
-        learned = settle(lambda: total(url, names["streamlearn_events_ingested"]))
-        learned -= before["streamlearn_events_ingested"]
+        learned = counters["streamlearn_events_ingested"] - before["streamlearn_events_ingested"]
         assert learned == summary["events_learned"] == 7000 - summary["dead_lettered"]
-        dead = settle(lambda: total(url, names["streamlearn_events_dead_lettered"]))
+        dead = counters["streamlearn_events_dead_lettered"]
         assert dead - before["streamlearn_events_dead_lettered"] == summary["dead_lettered"] > 0
         reasons = by_label(url, f'sum by (reason) (last_over_time({names["streamlearn_events_dead_lettered"]}'
                                 f'{{pipeline="{PIPELINE}"}}[10m]))', "reason")
         assert len(reasons) >= 3 and all(":" not in r for r in reasons), reasons  # reason codes, not messages
-        steps = settle(lambda: total(url, names["streamlearn_train_steps"])) - before["streamlearn_train_steps"]
+        steps = counters["streamlearn_train_steps"] - before["streamlearn_train_steps"]
         assert steps == newest["counters"]["steps"] > 0
-        written = total(url, names["streamlearn_checkpoints"]) - before["streamlearn_checkpoints"]
+        written = counters["streamlearn_checkpoints"] - before["streamlearn_checkpoints"]
         assert written == summary["checkpoints"] >= 2
         assert gauge(url, "streamlearn_checkpoint_version") == newest["version"]
         for name in ("streamlearn_train_loss", "streamlearn_checkpoint_age_seconds",
@@ -204,19 +208,17 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
         ok, client_errors = requests.statuses.count(200), 1 + sum(400 <= s < 500 for s in requests.statuses)
         unavailable = sum(s >= 500 for s in requests.statuses)  # 503s before the first checkpoint
         assert ok > 20 and len(requests.versions) >= 2, requests.versions
-        after_status = settle(lambda: statuses(url))
         moved = {k: after_status.get(k, 0) - before_status.get(k, 0) for k in after_status}
         assert (moved.get("2xx", 0), moved.get("4xx", 0), moved.get("5xx", 0)) == (ok, client_errors, unavailable)
-        count = settle(lambda: total(url, latency[2])) - before_latency
+        count = latency_count - before_latency
         assert count == len(requests.statuses) + 1  # one histogram observation per request
         p99 = value(url, f'histogram_quantile(0.99, sum by (le) (rate({latency[0]}{{pipeline="{PIPELINE}"}}[5m])))')
         assert p99 is not None and 0 < p99 < 2.5
-        served = settle(lambda: gauge(url, "streamlearn_model_version_served", "max", "5s"))
         assert served == newest["version"] == info["version"]
         since = f"{int(time.monotonic() - deployed) + 1}s"  # this replica's life, not earlier tests' replicas
         history = query(url, f'{names["streamlearn_model_version_served"]}{{pipeline="{PIPELINE}"}}[{since}]')
         assert len({float(v) for series in history for _, v in series["values"]}) >= 2  # it changed
-        swaps = total(url, names["streamlearn_model_swaps"]) - before["streamlearn_model_swaps"]
+        swaps = counters["streamlearn_model_swaps"] - before["streamlearn_model_swaps"]
         assert swaps >= len(requests.versions) >= 2
         rejected = wait_for(lambda: by_label(url, f'sum by (kind) ({names["streamlearn_gate_rejections"]}'
                                                   f'{{pipeline="{PIPELINE}"}})', "kind").get("integrity"), 20)
