@@ -64,6 +64,9 @@ class Coordinator:
             # run, and every rank keeps waiting in the plan broadcast, not in an allreduce.
             log("kafka_unreachable", level="warning", error=str(e)[:200])
             highs = {}
+            # An unreachable broker is not an empty stream: the idle clock starts again once it
+            # answers (a run with --until-idle ended mid-outage with events still to come).
+            idle_stop, self.empty_since, self._last_empty = False, now, True
         window = self.planner.next(highs, stop=idle_stop or self._resize_due(now))
         if window.size == 0 and not self._last_empty:
             self.empty_since = now

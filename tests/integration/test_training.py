@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
-import time
 
 from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.admin import committed_offsets, end_offsets
 from streamlearn.train import checkpoint as ckpt
@@ -53,48 +48,7 @@ def assert_exactly_once(settings, cfg: TrainConfig) -> dict:
     return meta
 
 
-def test_exactly_once_through_worker_kill_stream_pause_and_resume(kafka, kafka_settings, ray_cluster, topic,
-                                                                  tmp_path):
-    cfg = config(tmp_path, topic)
-    result: dict = {}
-
-    def produce():
-        # Two bursts with a pause longer than the checkpoint interval: training must idle, not hang.
-        run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:2500"), count=15_000,
-                 bad_fraction=0.02, seed=1)
-        time.sleep(5)
-        run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:2500"), count=10_000,
-                 bad_fraction=0.02, seed=2)
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    trainer = threading.Thread(target=lambda: result.update(summary=train(cfg, kafka_settings)))
-    trainer.start()
-
-    killed = []
-    deadline = time.monotonic() + 240
-    while len(killed) < 1 and time.monotonic() < deadline:  # kill a worker once it has checkpointed
-        if ckpt.list_checkpoints(run_dir(cfg)) and (pids := train_workers(ray_cluster)):
-            os.kill(pids[-1], signal.SIGKILL)
-            killed.append(pids[-1])
-        time.sleep(0.5)
-    assert killed, "training never checkpointed"
-    producer.join()
-    trainer.join(timeout=400)
-    assert not trainer.is_alive(), "training did not finish after the stream went idle"
-
-    meta = assert_exactly_once(kafka_settings, cfg)
-    assert result["summary"]["events_learned"] == meta["counters"]["learned"] == 24_500
-    assert result["summary"]["dead_lettered"] == 500
-    history = [json.loads(line) for line in (run_dir(cfg) / "history.jsonl").read_text().splitlines()]
-    assert len(history) >= 3 and [h["version"] for h in history] == sorted({h["version"] for h in history})
-
-    # Resume: produce more, train again: only the new events are learned, the lineage goes on.
-    run_load(kafka.bootstrap, topic, partitions=4, count=5_000, bad_fraction=0.02, seed=3)
-    again = train(config(tmp_path, topic, until_idle_s=3.0), kafka_settings)
-    assert again["events_learned"] == 4_900 and again["dead_lettered"] == 100
-    assert again["lineage_learned"] == 29_400
-    assert_exactly_once(kafka_settings, cfg)
+# Worker kills, a stream pause and a resumed run: tests/integration/test_faults.py.
 
 
 def test_fraud_model_learns_and_recovers_from_drift(kafka, kafka_settings, ray_cluster, topic, tmp_path):
