@@ -68,9 +68,12 @@ def reaction(bootstrap: str, peak: float, home: Path, capacity_floor: float) -> 
     run = ckpt / "fraud"
     nodes: list[tuple[float, int]] = []
     try:
-        while not (run / "history.jsonl").exists():  # the first node and group are up and learning
+        # A trickle until the first node and group are up and learning (training stops after
+        # --until-idle seconds without events, so the stream must flow from the start).
+        while not (run / "history.jsonl").exists():
             assert train.poll() is None, (home / "spike-train.log").read_text()[-3000:]
-            time.sleep(1)
+            run_load(bootstrap, topic, partitions=PARTITIONS, profile=parse_profile("constant:300"), duration=2,
+                     seed=4)
         started = time.time()
         spike_at, width = 20.0, 10.0
         profile = parse_profile(f"spike:300:{peak}:{spike_at}:{width}")
@@ -133,6 +136,7 @@ def main() -> None:
                 ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
                 run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
                 rates = throughput(broker.bootstrap, args.events, home)
+                write_json("scaling", {"events": args.events, "throughput": rates})  # kept if the rest fails
             one = rates["runs"]["1"]["steady_events_per_s"] if "1" in rates["runs"] else \
                 rates["runs"][1]["steady_events_per_s"]
             spike = reaction(broker.bootstrap, args.peak, home, capacity_floor=round(one * 0.8))
