@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--peak", type=float, default=30_000)
     parser.add_argument("--skip-throughput", action="store_true", help="reuse docs/bench/scaling.json's figures")
+    parser.add_argument("--only-throughput", action="store_true", help="measure workers 1-3 and stop")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -137,12 +138,36 @@ def main() -> None:
                 run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
                 rates = throughput(broker.bootstrap, args.events, home)
                 write_json("scaling", {"events": args.events, "throughput": rates})  # kept if the rest fails
+                if args.only_throughput:
+                    report_throughput(args.events, rates)
+                    return
             one = rates["runs"]["1"]["steady_events_per_s"] if "1" in rates["runs"] else \
                 rates["runs"][1]["steady_events_per_s"]
             spike = reaction(broker.bootstrap, args.peak, home, capacity_floor=round(one * 0.8))
         finally:
             broker.stop()
     report(args.events, rates, spike, capacity_model(one))
+
+
+def report_throughput(n: int, rates: dict) -> None:
+    base = rates["baseline_events_per_s"]
+    runs = {int(k): v for k, v in rates["runs"].items()}
+    model = capacity_model(runs[1]["steady_events_per_s"])
+    lines = [
+        f"{machine_line()} Every worker here shares the same 2 cores: more workers cannot add compute on this "
+        "machine, so these rows show the cost of coordination, not a cluster's scaling.",
+        "",
+        f"Learned events/s per worker count ({n:,} fraud events, 4 partitions, same topic, same run):",
+        "",
+        "| workers | learned events/s (steady) | ratio to the 1-process baseline |", "|---:|---:|---:|",
+        f"| baseline (one process, no Ray) | {base:,.0f} | 1.00 |",
+        *[f"| {w} | {r['steady_events_per_s']:,.0f} | {r['steady_events_per_s'] / base:.2f} |"
+          for w, r in sorted(runs.items())],
+        "",
+        "| events/s | workers | partitions | 16-core nodes |", "|---:|---:|---:|---:|",
+        *[f"| {r['events_per_s']:,} | {r['workers']} | {r['partitions']} | {r['nodes_16_core']} |" for r in model],
+    ]
+    write_section("scaling-throughput", "Learned events/s per worker count (issue: autoscaling)", "\n".join(lines))
 
 
 def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
