@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,23 @@ BENCHMARKS_MD = DOCS / "BENCHMARKS.md"
 HEADER = ("# Benchmarks\n\nWritten by the benchmarks in `load/` (`python -m load.bench_<name>`); each section is "
           "replaced by its own benchmark and figures are also in `docs/bench/<name>.json`. Machines here are noisy: "
           "every contender is measured against its baseline in the same run, and figures are medians and ratios.\n")
+
+
+def score_continuously(url: str, stop: threading.Event, out: list) -> None:
+    """A scoring client in a loop until `stop`: (start, seconds, HTTP status or 0) per request."""
+    import httpx
+
+    from load.generator import BankingSimulator
+
+    event = BankingSimulator(seed=99).events(1)[0]
+    with httpx.Client(timeout=5) as client:
+        while not stop.is_set():
+            started = time.time()
+            try:
+                status = client.post(f"{url}/score", json=event).status_code
+            except httpx.HTTPError:
+                status = 0
+            out.append((started, time.time() - started, status))
 
 
 def median(values: list[float]) -> float:

@@ -25,8 +25,8 @@ import httpx
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
-from load.bench_common import machine_line, write_json, write_section
-from load.generator import BankingSimulator, run_load
+from load.bench_common import machine_line, score_continuously, write_json, write_section
+from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.kafka.admin import ensure_topics
@@ -48,18 +48,6 @@ def watch_versions(url: str, stop: threading.Event, seen: list) -> None:
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             time.sleep(0.05)
-
-
-def score_continuously(url: str, stop: threading.Event, out: list) -> None:
-    event = BankingSimulator(seed=99).events(1)[0]
-    with httpx.Client(timeout=5) as client:
-        while not stop.is_set():
-            started = time.time()
-            try:
-                status = client.post(f"{url}/score", json=event).status_code
-            except httpx.HTTPError:
-                status = 0
-            out.append((started, time.time() - started, status))
 
 
 def produced_timestamps(bootstrap: str) -> list[tuple[int, int, float]]:

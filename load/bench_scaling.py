@@ -149,11 +149,10 @@ def main() -> None:
     report(args.events, rates, spike, capacity_model(one))
 
 
-def report_throughput(n: int, rates: dict) -> None:
+def _throughput_lines(n: int, rates: dict) -> list[str]:
     base = rates["baseline_events_per_s"]
     runs = {int(k): v for k, v in rates["runs"].items()}
-    model = capacity_model(runs[1]["steady_events_per_s"])
-    lines = [
+    return [
         f"{machine_line()} Every worker here shares the same 2 cores: more workers cannot add compute on this "
         "machine, so these rows show the cost of coordination, not a cluster's scaling.",
         "",
@@ -163,16 +162,23 @@ def report_throughput(n: int, rates: dict) -> None:
         f"| baseline (one process, no Ray) | {base:,.0f} | 1.00 |",
         *[f"| {w} | {r['steady_events_per_s']:,.0f} | {r['steady_events_per_s'] / base:.2f} |"
           for w, r in sorted(runs.items())],
-        "",
-        "| events/s | workers | partitions | 16-core nodes |", "|---:|---:|---:|---:|",
-        *[f"| {r['events_per_s']:,} | {r['workers']} | {r['partitions']} | {r['nodes_16_core']} |" for r in model],
     ]
-    write_section("scaling-throughput", "Learned events/s per worker count (issue: autoscaling)", "\n".join(lines))
+
+
+def _model_lines(model: list[dict]) -> list[str]:
+    return ["| events/s | workers | partitions | 16-core nodes |", "|---:|---:|---:|---:|",
+            *[f"| {r['events_per_s']:,} | {r['workers']} | {r['partitions']} | {r['nodes_16_core']} |"
+              for r in model]]
+
+
+def report_throughput(n: int, rates: dict) -> None:
+    one = {int(k): v for k, v in rates["runs"].items()}[1]["steady_events_per_s"]
+    write_section("scaling-throughput", "Learned events/s per worker count (issue: autoscaling)",
+                  "\n".join([*_throughput_lines(n, rates), "", *_model_lines(capacity_model(one))]))
 
 
 def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
     write_json("scaling", {"events": n, "throughput": rates, "spike": spike, "capacity_model": model})
-    base = rates["baseline_events_per_s"]
     runs = {int(k): v for k, v in rates["runs"].items()}
     pauses = spike["pauses_s"]
 
@@ -180,15 +186,7 @@ def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
         return "n/a" if v is None else f"{v:.1f}{unit}"
 
     lines = [
-        f"{machine_line()} Every worker here shares the same 2 cores: more workers cannot add compute on this "
-        "machine, so these rows show the cost of coordination, not a cluster's scaling.",
-        "",
-        f"Learned events/s per worker count ({n:,} fraud events, 4 partitions, same topic, same run):",
-        "",
-        "| workers | learned events/s (steady) | ratio to the 1-process baseline |", "|---:|---:|---:|",
-        f"| baseline (one process, no Ray) | {base:,.0f} | 1.00 |",
-        *[f"| {w} | {r['steady_events_per_s']:,.0f} | {r['steady_events_per_s'] / base:.2f} |"
-          for w, r in sorted(runs.items())],
+        *_throughput_lines(n, rates),
         "",
         f"Reaction to a spike on the local autoscaling cluster (trickle 300/s, {spike['peak_events_per_s']:,.0f}/s "
         "for 10 s, trickle; min 1, max 3 workers, up cool-down 5 s, down cool-down 20 s, target drain 15 s, "
@@ -214,8 +212,7 @@ def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
         "backlogs; ≤ 50k events/s (≈ 13 MB/s of 262-byte events) per Kafka partition; 8 one-core workers per "
         "16-core node, the other cores for decode threads and Ray):",
         "",
-        "| events/s | workers | partitions | 16-core nodes |", "|---:|---:|---:|---:|",
-        *[f"| {r['events_per_s']:,} | {r['workers']} | {r['partitions']} | {r['nodes_16_core']} |" for r in model],
+        *_model_lines(model),
         "",
         "Past ~100k events/s a single DDP group's allreduce per batch becomes the limit for a model this small; "
         "larger batches per step (fewer allreduces) or several independent groups on partition subsets are the "

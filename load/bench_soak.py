@@ -23,12 +23,11 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import psutil
 
-from load.bench_common import machine_line, write_json, write_section
-from load.generator import BankingSimulator, run_load
+from load.bench_common import machine_line, score_continuously, write_json, write_section
+from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.kafka.admin import end_offsets, ensure_topics
@@ -61,18 +60,6 @@ def rss(pid: int) -> int | None:
         return psutil.Process(pid).memory_info().rss
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-
-
-def score_continuously(url: str, stop: threading.Event, out: list) -> None:
-    event = BankingSimulator(seed=99).events(1)[0]
-    with httpx.Client(timeout=5) as client:
-        while not stop.is_set():
-            started = time.time()
-            try:
-                status = client.post(f"{url}/score", json=event).status_code
-            except httpx.HTTPError:
-                status = 0
-            out.append((started, time.time() - started, status))
 
 
 def lag(settings: KafkaSettings, run_dir: Path) -> int | None:
