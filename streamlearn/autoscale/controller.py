@@ -33,6 +33,7 @@ from streamlearn import metrics
 from streamlearn.autoscale.policy import Observation, ScalingPolicy, State, decide
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.logs import log
+from streamlearn.pipeline import load_pipeline
 from streamlearn.train import checkpoint as ckpt
 
 NAMESPACE = "streamlearn"
@@ -84,7 +85,7 @@ class ScaleController:
     def __init__(self, cfg: TrainConfig, kafka: KafkaSettings, policy: ScalingPolicy, workers: int,
                  sample_s: float = 2.0):
         self.cfg, self.policy, self.sample_s = cfg, policy, sample_s
-        self.pipeline = cfg.pipeline
+        self.pipeline = load_pipeline(cfg.pipeline).name  # the tag every other metric of the run carries
         self.run_dir = Path(cfg.checkpoint_dir) / cfg.run_name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.kafka = _KafkaSampler(kafka, cfg.topic, cfg.group_id)

@@ -26,3 +26,11 @@ def write_checkpoint(run_dir: Path, version: int, *, tamper: bool = False) -> Pa
         other = {k: v + 1.0 for k, v in FRAUD.build_model().state_dict().items()}
         torch.save({"model": other, "optimizer": None}, path / "model.pt")
     return path
+
+
+class MetricsFraud(load_pipeline("fraud").__class__):
+    """The fraud pipeline under a name of its own: metrics are tagged by pipeline name, and Ray
+    keeps exporting the counters of every earlier fraud run in the session, so a test that
+    counts must own its series."""
+
+    name = "fraud-metrics"

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.integration
 # process, so set before the session's cluster starts (module import comes first).
 os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
 
-PIPELINE = "fraud"
+PIPELINE_SPEC = "tests.integration.models:MetricsFraud"  # the fraud pipeline under its own name
+PIPELINE = "fraud-metrics"  # the pipeline tag on every series this test counts
 CONTROLLER = importlib.util.find_spec("streamlearn.autoscale.controller") is not None
 
 
@@ -130,21 +131,24 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
     monitor = Monitor(data_dir=tmp_path / "prometheus", port=0, discovery_file=discovery, scrape_interval_s=1)
     monitor.up()
     url = monitor.url
-    cfg = TrainConfig(topic=topic, workers=2, cpus_per_worker=0.5, checkpoint_dir=str(tmp_path / "ckpt"),
+    cfg = TrainConfig(pipeline=PIPELINE_SPEC, topic=topic, workers=2, cpus_per_worker=0.5,
+                      checkpoint_dir=str(tmp_path / "ckpt"),
                       run_name=f"metrics-{topic}", checkpoint_every_s=2.0, checkpoint_every_steps=15,
                       window_events=1000, until_idle_s=4.0, batch_size=128)
-    serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=PIPELINE,
+    serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=PIPELINE_SPEC,
                             port=free_port(), poll_interval_s=0.25, quality_tolerance=1.0,  # every real one swaps
                             min_replicas=1, max_replicas=1)
     names = {n: metrics.exported_names(n)[0] for n in metrics.CATALOGUE}
     try:
         assert _wait_for_targets(url), "Prometheus found no Ray metrics endpoint in the discovery file"
-        before = {n: total(url, names[n]) for n in ("streamlearn_events_ingested", "streamlearn_train_steps",
-                                                    "streamlearn_events_dead_lettered", "streamlearn_checkpoints",
-                                                    "streamlearn_model_swaps")}
-        before_status = statuses(url)
         latency = metrics.exported_names("streamlearn_scoring_latency_seconds")
-        before_latency = total(url, latency[2])
+        counted = ("streamlearn_events_ingested", "streamlearn_train_steps", "streamlearn_events_dead_lettered",
+                   "streamlearn_checkpoints", "streamlearn_model_swaps")
+        # Earlier tests in this session trained the same pipeline on this Ray cluster, and Ray keeps
+        # exporting their ended processes' counters: take the baseline only once every series is
+        # scraped and holds still, or the whole session's events count as this run's.
+        before, before_status, before_latency = settle(
+            lambda: ({n: total(url, names[n]) for n in counted}, statuses(url), total(url, latency[2])))
         deployed = time.monotonic()
         deploy(serve_cfg)
         requests = Requests(serve_cfg.url)
