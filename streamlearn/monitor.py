@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from streamlearn.config import cache_dir, repo_file
 from streamlearn.errors import ConfigError, StreamlearnError
 from streamlearn.kafka.broker import free_port, port_in_use
+from streamlearn.procs import terminate
 
 TEMPLATE = "deploy/prometheus/prometheus.yml"
 DISCOVERY_NAME = "prom_metrics_service_discovery.json"  # ray._private.ray_constants, Ray 2.60
@@ -174,12 +174,7 @@ class Monitor:
         if pid is None:
             self._state_file.unlink(missing_ok=True)  # a stale record of one that died
             return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _is_prometheus(pid):
-            time.sleep(0.1)
-        if _is_prometheus(pid):
-            os.kill(pid, signal.SIGKILL)
+        terminate(pid, _is_prometheus, timeout_s)  # SIGTERM lets Prometheus flush its head block
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.pid == pid:
             proc.wait(timeout_s)  # started by this process: reap it, leave no zombie

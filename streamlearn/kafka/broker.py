@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from streamlearn.config import KafkaSettings, cache_dir, repo_file
 from streamlearn.errors import BrokerStartError, ConfigError, KafkaUnavailable
 from streamlearn.kafka import secure
+from streamlearn.procs import terminate
 
 KAFKA_VERSION = "4.3.1"
 JVM_FLAGS = ["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
@@ -179,12 +179,7 @@ class EmbeddedKafka:
         pid = self.pid()
         if pid is None:
             return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.1)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+        terminate(pid, _alive, timeout_s)
         self._state_file.unlink(missing_ok=True)
         return True
 
