@@ -62,6 +62,10 @@ class WindowPlanner:
         self.planned += window.size
         return window
 
+    def available(self, high_watermarks: dict[int, int]) -> int:
+        """Events Kafka has that no window has planned yet."""
+        return sum(max(0, high - self.positions.get(p, 0)) for p, high in high_watermarks.items())
+
     def exhausted(self, extra: int = 0) -> bool:
         return self.budget is not None and self.planned + extra >= self.budget
 

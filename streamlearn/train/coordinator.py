@@ -8,6 +8,7 @@ stop at the same window, so no rank is ever left waiting at a collective.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,10 @@ from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.reader import RangeReader
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import log
+
+# The most one plan adds to the idle clock: an empty plan comes every poll interval plus a few
+# collectives; anything longer was time blocked elsewhere, not the stream seen empty.
+MAX_IDLE_TICK_S = 2.0
 
 
 def broadcast(obj, rank: int):
@@ -39,12 +44,14 @@ class Coordinator:
     expected_steps_per_event: float
     world: int = 1
     controller: Any = None  # this run's ScaleController handle (None: fixed size, e.g. in tests)
+    clock: Callable[[], float] = time.monotonic
     last_checkpoint_t: float = field(default_factory=time.monotonic)
-    empty_since: float = field(default_factory=time.monotonic)  # first of the current run of empty plans
+    idle_s: float = 0.0  # how long the broker has answered "nothing new", at the loop's own pace
     planned_since_checkpoint: int = 0
     _partitions: list[int] = field(default_factory=list)
     _partitions_t: float = 0.0
     _last_empty: bool = False
+    _empty_answer_t: float | None = None  # when the broker last answered "nothing new"
     _learned: int = 0
     _resize_asked_t: float = 0.0
     resize_to: int | None = None
@@ -52,24 +59,11 @@ class Coordinator:
     def next_window(self) -> Window:
         if self._last_empty:
             time.sleep(self.cfg.poll_interval_s)  # nothing new last time: don't spin on the broker
-        now = time.monotonic()
-        # Idle means plans kept finding nothing for that long, not that the last plan with data is
-        # that old: a slow window (seconds on a busy machine) is not an idle stream.
-        idle_stop = (self.cfg.until_idle_s is not None and self._last_empty
-                     and now - self.empty_since >= self.cfg.until_idle_s)
-        try:
-            highs = {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions(now)).items()}
-        except (KafkaException, KafkaUnavailable) as e:
-            # Broker away: plan nothing and ask again. Training idles instead of failing the
-            # run, and every rank keeps waiting in the plan broadcast, not in an allreduce.
-            log("kafka_unreachable", level="warning", error=str(e)[:200])
-            highs = {}
-            # An unreachable broker is not an empty stream: the idle clock starts again once it
-            # answers (a run with --until-idle ended mid-outage with events still to come).
-            idle_stop, self.empty_since, self._last_empty = False, now, True
-        window = self.planner.next(highs, stop=idle_stop or self._resize_due(now))
-        if window.size == 0 and not self._last_empty:
-            self.empty_since = now
+        highs = self._high_watermarks()
+        now = self.clock()
+        self._track_idle(highs, now)
+        idle_stop = self.cfg.until_idle_s is not None and self.idle_s >= self.cfg.until_idle_s
+        window = self.planner.next(highs or {}, stop=idle_stop or self._resize_due(now))
         self._last_empty = window.size == 0
         self.planned_since_checkpoint += window.size
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s
@@ -79,6 +73,32 @@ class Coordinator:
             self.planned_since_checkpoint = 0
             self.last_checkpoint_t = now
         return window
+
+    def _high_watermarks(self) -> dict[int, int] | None:
+        """partition -> next offset to be written; None while the broker cannot answer."""
+        try:
+            return {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions()).items()}
+        except (KafkaException, KafkaUnavailable) as e:
+            # Broker away: plan nothing and ask again. Training idles instead of failing the
+            # run, and every rank keeps waiting in the plan broadcast, not in an allreduce.
+            log("kafka_unreachable", level="warning", error=str(e)[:200])
+            return None
+
+    def _track_idle(self, highs: dict[int, int] | None, now: float) -> None:
+        """Idle is the broker answering "nothing new" plan after plan, for --until-idle.
+
+        An unreachable broker is not an empty stream (a run ended mid-outage with events still
+        to come). Nor is time spent blocked between two plans: a checkpoint's offset commit
+        waits out a broker outage, and a CI run stopped the moment the broker came back, its
+        idle clock having run through the whole outage. So one plan adds at most
+        MAX_IDLE_TICK_S, and the clock restarts whenever there is data or no answer.
+        """
+        if highs is None or self.planner.available(highs):
+            self.idle_s, self._empty_answer_t = 0.0, None
+            return
+        if self._empty_answer_t is not None:
+            self.idle_s += min(now - self._empty_answer_t, max(MAX_IDLE_TICK_S, 2 * self.cfg.poll_interval_s))
+        self._empty_answer_t = now
 
     def learned(self, window: Window) -> None:
         """After a window is learned: tell the controller (its learned rate, a resize's end).
@@ -103,8 +123,9 @@ class Coordinator:
             log("resize_stop", workers=self.world, to=self.resize_to)
         return self.resize_to is not None
 
-    def _current_partitions(self, now: float) -> list[int]:
+    def _current_partitions(self) -> list[int]:
         # Partitions can be added to a live topic; look again every few seconds, not every window.
+        now = self.clock()
         if now - self._partitions_t > 5.0 or not self._partitions:
             self._partitions = self.reader.partitions()
             self._partitions_t = now

@@ -47,7 +47,7 @@ class Producing(threading.Thread):
     def __init__(self, bootstrap: str, topic: str, rate: int = 300):
         super().__init__(daemon=True)
         self.bootstrap, self.topic, self.rate = bootstrap, topic, rate
-        self.stop, self.failed_chunks = threading.Event(), 0
+        self.stop, self.failed_chunks, self.delivered_at = threading.Event(), 0, 0.0
 
     def run(self):
         seed = 1000
@@ -55,6 +55,7 @@ class Producing(threading.Thread):
             try:
                 run_load(self.bootstrap, self.topic, partitions=4, profile=parse_profile(f"constant:{self.rate}"),
                          duration=1.0, bad_fraction=0.02, seed=seed)
+                self.delivered_at = time.time()
             except StreamlearnError:
                 self.failed_chunks += 1
                 time.sleep(0.5)
@@ -63,6 +64,15 @@ class Producing(threading.Thread):
     def finish(self):
         self.stop.set()
         self.join(60)
+
+    def resumed_after(self, t: float, timeout: float) -> float:
+        """When the first chunk after time.time() `t` was delivered (a restarted broker makes
+        idempotent producers wait for a producer id for seconds: "Coordinator load in progress")."""
+        deadline = time.monotonic() + timeout
+        while self.delivered_at <= t:
+            assert time.monotonic() < deadline, f"no chunk delivered within {timeout:.0f}s after t={t:.1f}"
+            time.sleep(0.1)
+        return self.delivered_at
 
 
 class Training(threading.Thread):
@@ -243,8 +253,12 @@ def test_scoring_and_training_through_a_replica_kill_and_a_broker_outage(ray_clu
         settings = KafkaSettings(bootstrap=broker.bootstrap)
         topic = "faults"
         ensure_topics(settings, {topic: 4, f"{topic}.dlq": 1})
-        # An idle stop shorter than the outage: an unreachable broker is not an idle stream.
-        cfg = config(tmp_path, topic, until_idle_s=8.0)
+        # An idle stop shorter than the outage: an unreachable broker is not an idle stream, and
+        # time blocked through it (a checkpoint's offset commit waits for the broker) is not
+        # idle time. CI caught a run that stopped the moment the broker came back, leaving the
+        # events produced after it to the next run.
+        cfg = config(tmp_path, topic, until_idle_s=15.0)
+        outage_s = max(3 * cfg.checkpoint_every_s, cfg.until_idle_s + 5)
         load, training = Producing(broker.bootstrap, topic), Training(cfg, settings)
         scfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=cfg.pipeline,
                            port=free_port(), poll_interval_s=0.5, min_replicas=2, max_replicas=2, auth_token=None)
@@ -269,10 +283,12 @@ def test_scoring_and_training_through_a_replica_kill_and_a_broker_outage(ray_clu
             before = ckpt.read_meta(ckpt.newest(run_dir(cfg)))
             down_at = time.time()
             assert broker.stop()
-            time.sleep(3 * cfg.checkpoint_every_s)
+            time.sleep(outage_s)
             assert training.is_alive(), f"training ended during the outage: {training.error!r}"
             broker.start()
             back_at = time.time()
+            resumed = load.resumed_after(back_at, cfg.until_idle_s)
+            print(f"producers delivering again {resumed - back_at:.1f}s after the broker came back")
             during = [r for r in client.results if down_at <= r[0] <= back_at]
             # No replica died here: every request in the outage is answered at the first attempt.
             assert during and not client.failures(down_at, back_at), client.failures(down_at, back_at)[:5]
