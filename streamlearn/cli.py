@@ -162,7 +162,9 @@ def serve_up(pipeline: str = "fraud",
              checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="The trainer's checkpoint directory."),
              run_name: str = "", host: str = "127.0.0.1", port: int = 8000,
              min_replicas: int = 1, max_replicas: int = 2,
-             address: str = typer.Option("auto", help="Ray cluster to deploy on ('auto': the running one).")):
+             address: str = typer.Option("auto", help="Ray cluster to deploy on ('auto': the running one)."),
+             timeline: str = typer.Option("", help="Each replica traces its model swaps to PATH.scorer-<pid>.json "
+                                                   "(merge with the training's: `streamlearn timeline merge`).")):
     """Deploy the scorer on a running Ray cluster; it follows the newest checkpoint."""
     import ray
 
@@ -170,7 +172,8 @@ def serve_up(pipeline: str = "fraud",
 
     ray.init(address=address, configure_logging=False)
     print(deploy(ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name, host=host,
-                             port=port, min_replicas=min_replicas, max_replicas=max_replicas)))
+                             port=port, min_replicas=min_replicas, max_replicas=max_replicas,
+                             timeline=str(Path(timeline).resolve()) if timeline else "")))
 
 
 @serve_app.command("rollback")

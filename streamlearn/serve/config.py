@@ -47,6 +47,7 @@ class ServeConfig:
     port: int = 8000
     route_prefix: str = "/"
     app_name: str = ""  # default: "score-<run_name>", so several lineages can be served side by side
+    timeline: str = ""  # opt-in: each replica traces its swaps to PATH.scorer-<pid>.json
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:

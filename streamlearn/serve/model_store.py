@@ -34,6 +34,7 @@ from streamlearn.logs import bind, log
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.serve.config import ServeConfig
 from streamlearn.train import checkpoint
+from streamlearn.train.phases import Phases
 from streamlearn.train.prequential import headline
 
 PIN_FILE = "PINNED"
@@ -165,7 +166,7 @@ def weights_problem(state: Mapping[str, Any], max_abs: float) -> str | None:
 
 class ModelStore:
     def __init__(self, pipeline: Pipeline, run_dir: str | Path, *, quality_tolerance: float = 0.02,
-                 max_abs_weight: float = 1e4, poll_interval_s: float = 0.5):
+                 max_abs_weight: float = 1e4, poll_interval_s: float = 0.5, timeline: str = ""):
         self.pipeline = pipeline
         bind(pipeline=pipeline.name)  # one store per replica process: its log lines say which pipeline
         self.run_dir = Path(run_dir)
@@ -183,11 +184,13 @@ class ModelStore:
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Opt-in trace of every swap and rejection: timeline files beside the training ranks'.
+        self.timeline = Phases(os.getpid(), timeline, process=f"scorer {os.getpid()}") if timeline else None
 
     @classmethod
     def from_config(cls, cfg: ServeConfig) -> ModelStore:
         return cls(load_pipeline(cfg.pipeline), cfg.run_dir, quality_tolerance=cfg.quality_tolerance,
-                   max_abs_weight=cfg.max_abs_weight, poll_interval_s=cfg.poll_interval_s)
+                   max_abs_weight=cfg.max_abs_weight, poll_interval_s=cfg.poll_interval_s, timeline=cfg.timeline)
 
     # -- polling --
 
@@ -219,21 +222,29 @@ class ModelStore:
             for version, path in reversed(candidates):  # newest first; a rejection falls back to the next
                 if self._remembered(version, path, allow_quality=not gate):
                     continue
+                wall, started = time.time(), time.perf_counter()
                 try:
                     loaded = self._load(version, path, serving if gate else None)
                 except _Rejected as r:
                     self._reject(version, path, r.kind, r.reason)
+                    self._trace("rejected", wall, started, version=version, kind=r.kind)
                     continue
                 except OSError as e:  # removed by checkpoint retention while we read it: not its fault
                     log("serve_candidate_vanished", level="warning", version=version, error=str(e))
                     continue
                 self.current = loaded  # the atomic swap
+                self._trace("swap", wall, started, version=version, previous=serving.version if serving else None)
                 bind(version=version)
                 metrics.record_swap(self.pipeline.name, version)
                 log("serve_swapped", version=version, previous=serving.version if serving else None,
                     pinned=self.pinned is not None)
                 return True
             return False
+
+    def _trace(self, name: str, wall: float, started: float, **args) -> None:
+        if self.timeline is not None:
+            self.timeline.record(name, wall, time.perf_counter() - started, tid="model-store", **args)
+            self.timeline.flush()  # swaps are rare and a replica runs for days: on disk now, not at exit
 
     def _remembered(self, version: int, path: Path, allow_quality: bool) -> bool:
         entry = self._rejected.get(version)
@@ -295,6 +306,8 @@ class ModelStore:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.timeline is not None:
+            self.timeline.close()
 
     @property
     def alive(self) -> bool:

@@ -5,7 +5,9 @@ reads) and decode (parse, validate, featurize), both in the reader thread, sync 
 per-window size exchange: time here is waiting for the slowest rank), train (one window's
 steps) holding forward, backward and step, and checkpoint. With the timeline on, allreduce
 spans (DDP's gradient buckets, on their own track) overlap backward. The trace opens in
-chrome://tracing or ui.perfetto.dev; one file per rank.
+chrome://tracing or ui.perfetto.dev; one file per rank. A scorer replica writes its own file
+too (`serve up --timeline`): a "swap" span per model it loads and swaps in, a "rejected" span
+per checkpoint its gates turn away, so a slow or refused swap shows beside the training.
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ from contextlib import contextmanager
 
 
 class Phases:
-    def __init__(self, rank: int, timeline: str = ""):
+    def __init__(self, rank: int, timeline: str = "", *, process: str = ""):
+        """`rank` is the trace's pid; `process` names a process that is not a training rank
+        (a scorer replica: its OS pid as `rank`, so merged files keep every process apart)."""
         self.rank = rank
         self.totals: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
         self._file = None
         if timeline:
-            path = f"{timeline}.rank{rank}.json"
+            path = f"{timeline}.{process.replace(' ', '-') if process else f'rank{rank}'}.json"
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._file = open(path, "w")
             self._file.write("[\n")  # Chrome's JSON-array trace format; a crash leaves it still readable
             self._file.write(json.dumps({"name": "process_name", "ph": "M", "pid": rank,
-                                         "args": {"name": f"rank {rank}"}}))
+                                         "args": {"name": process or f"rank {rank}"}}))
             self._first = False
 
     @contextmanager
@@ -61,6 +65,11 @@ class Phases:
                          "dur": int(elapsed * 1e6), "args": args}
                 self._file.write(("" if self._first else ",\n") + json.dumps(event))
                 self._first = False
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
 
     def take(self) -> dict[str, float]:
         """Totals since the last take, rounded for logs."""

@@ -235,3 +235,32 @@ def test_config_validation(monkeypatch):
     cfg = ServeConfig()
     assert cfg.auth_token.get_secret_value() == "from-the-environment"
     assert "from-the-environment" not in repr(cfg)
+
+
+def test_timeline_traces_each_swap_and_rejection(run_dir, tmp_path):
+    """`serve up --timeline`: a swap span per model swapped in, a rejected span per refused one,
+    in a trace file of the replica's own that `streamlearn timeline merge` reads."""
+    import json
+    import os
+
+    from streamlearn.observe.timeline import merge, read_trace
+
+    store = ModelStore(FRAUD, run_dir, timeline=str(tmp_path / "tl"))
+    write_checkpoint(run_dir, 1)
+    assert store.poll_once()
+    write_checkpoint(run_dir, 2, metric=0.5)  # the quality gate turns it away
+    assert not store.poll_once()
+    write_checkpoint(run_dir, 3)
+    assert store.poll_once()
+    path = tmp_path / f"tl.scorer-{os.getpid()}.json"
+    live = read_trace(path)  # flushed as it goes: readable while the replica runs
+    store.stop()
+
+    events = read_trace(path)
+    assert events == live
+    assert json.loads(path.read_text())  # closed: one valid Chrome trace array
+    spans = [(e["name"], e["args"].get("version"), e["args"].get("kind")) for e in events if e["ph"] == "X"]
+    assert spans == [("swap", 1, None), ("rejected", 2, "quality"), ("swap", 3, None)]
+    assert all(e["pid"] == os.getpid() and e["dur"] >= 0 for e in events if e["ph"] == "X")
+    assert [e["args"]["name"] for e in events if e["ph"] == "M"] == [f"scorer {os.getpid()}"]
+    assert merge([path], tmp_path / "merged.json") == len(events)
