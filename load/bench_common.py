@@ -16,12 +16,17 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from streamlearn.config import REPO_ROOT
+from streamlearn.config import REPO_ROOT, KafkaSettings
+from streamlearn.kafka.admin import ensure_topics
+from streamlearn.kafka.broker import EmbeddedKafka
 
 DOCS = REPO_ROOT / "docs"
 BENCH_DIR = DOCS / "bench"
@@ -29,6 +34,31 @@ BENCHMARKS_MD = DOCS / "BENCHMARKS.md"
 HEADER = ("# Benchmarks\n\nWritten by the benchmarks in `load/` (`python -m load.bench_<name>`); each section is "
           "replaced by its own benchmark and figures are also in `docs/bench/<name>.json`. Machines here are noisy: "
           "every contender is measured against its baseline in the same run, and figures are medians and ratios.\n")
+
+
+@contextmanager
+def bench_broker(topics: dict[str, int] | None = None) -> Iterator[tuple[Path, EmbeddedKafka, KafkaSettings]]:
+    """A throwaway home directory and a broker of the benchmark's own, with `topics` (and a
+    one-partition dead-letter topic for each) created; the broker stops however the run ends."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
+        try:
+            settings = KafkaSettings(bootstrap=broker.bootstrap)
+            if topics:
+                ensure_topics(settings, {**topics, **{f"{t}.dlq": 1 for t in topics}})
+            yield home, broker, settings
+        finally:
+            broker.stop()
+
+
+def start_bench_ray(**overrides: Any):
+    """The benchmarks' local Ray: room for 4 fractional workers, a small object store, quiet."""
+    from streamlearn.localray import start_local_ray
+
+    options = dict(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
+                   log_to_driver=False, configure_logging=False)
+    return start_local_ray(**{**options, **overrides})
 
 
 def score_continuously(url: str, stop: threading.Event, out: list) -> None:

@@ -16,21 +16,18 @@ import argparse
 import bisect
 import json
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
-from load.bench_common import machine_line, score_continuously, write_json, write_section
+from load.bench_common import bench_broker, machine_line, score_continuously, start_bench_ray, write_json, write_section
 from load.generator import run_load
 from load.profiles import parse_profile
-from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.kafka.admin import ensure_topics
-from streamlearn.kafka.broker import EmbeddedKafka, free_port
+from streamlearn.config import TrainConfig
+from streamlearn.kafka.broker import free_port
 
 TOPIC, PARTITIONS = "fresh", 4
 
@@ -91,40 +88,32 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from streamlearn.localray import start_local_ray
     from streamlearn.serve import ServeConfig, deploy
     from streamlearn.serve import shutdown as serve_shutdown
     from streamlearn.train.trainer import train
 
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
-        try:
-            ensure_topics(KafkaSettings(bootstrap=broker.bootstrap), {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
-            start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
-                            log_to_driver=False, configure_logging=False)
-            cfg = TrainConfig(topic=TOPIC, workers=2, checkpoint_dir=str(home / "ckpt"), checkpoint_every_s=1.0,
-                              until_idle_s=5.0, window_events=4096)
-            serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, pipeline="fraud", port=free_port())
-            url = deploy(serve_cfg)
-            stop, served, requests = threading.Event(), [], []
-            threads = [threading.Thread(target=watch_versions, args=(url, stop, served)),
-                       threading.Thread(target=score_continuously, args=(url, stop, requests))]
-            trainer = threading.Thread(target=train, args=(cfg, KafkaSettings(bootstrap=broker.bootstrap)))
-            for t in [*threads, trainer]:
-                t.start()
-            run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, profile=parse_profile(f"constant:{args.rate}"),
-                     duration=args.seconds, seed=21)
-            trainer.join()
-            time.sleep(2)
-            stop.set()
-            for t in threads:
-                t.join()
-            serve_shutdown()
-            ray.shutdown()
-            events = produced_timestamps(broker.bootstrap)
-        finally:
-            broker.stop()
+    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, settings):
+        start_bench_ray()
+        cfg = TrainConfig(topic=TOPIC, workers=2, checkpoint_dir=str(home / "ckpt"), checkpoint_every_s=1.0,
+                          until_idle_s=5.0, window_events=4096)
+        serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, pipeline="fraud", port=free_port())
+        url = deploy(serve_cfg)
+        stop, served, requests = threading.Event(), [], []
+        threads = [threading.Thread(target=watch_versions, args=(url, stop, served)),
+                   threading.Thread(target=score_continuously, args=(url, stop, requests))]
+        trainer = threading.Thread(target=train, args=(cfg, settings))
+        for t in [*threads, trainer]:
+            t.start()
+        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, profile=parse_profile(f"constant:{args.rate}"),
+                 duration=args.seconds, seed=21)
+        trainer.join()
+        time.sleep(2)
+        stop.set()
+        for t in threads:
+            t.join()
+        serve_shutdown()
+        ray.shutdown()
+        events = produced_timestamps(broker.bootstrap)
     report(args, events, served, requests)
 
 

@@ -16,20 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 from confluent_kafka import Consumer, TopicPartition
 
-from load.bench_common import machine_line, write_json, write_section
+from load.bench_common import bench_broker, machine_line, start_bench_ray, write_json, write_section
 from load.generator import run_load
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import BadEvent
-from streamlearn.kafka.admin import ensure_topics
-from streamlearn.kafka.broker import EmbeddedKafka
-from streamlearn.localray import start_local_ray
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train.trainer import run_dir, train
 
@@ -122,21 +118,13 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
-        try:
-            settings = KafkaSettings(bootstrap=broker.bootstrap)
-            ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
-            run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
-            base = [baseline(broker.bootstrap, args.events) for _ in range(3)]
-            start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
-                            log_to_driver=False, configure_logging=False)
-            runs = {w: pipeline_rate(broker.bootstrap, args.events, w, home) for w in (2, 1)}
-            rd = ray_data_windows(broker.bootstrap, args.events, 16384)
-            ray.shutdown()
-        finally:
-            broker.stop()
+    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
+        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
+        base = [baseline(broker.bootstrap, args.events) for _ in range(3)]
+        start_bench_ray()
+        runs = {w: pipeline_rate(broker.bootstrap, args.events, w, home) for w in (2, 1)}
+        rd = ray_data_windows(broker.bootstrap, args.events, 16384)
+        ray.shutdown()
     report(args.events, statistics.median(base), base, runs, rd)
 
 

@@ -22,19 +22,16 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from load.bench_common import machine_line, median, write_json, write_section
+from load.bench_common import bench_broker, machine_line, median, start_bench_ray, write_json, write_section
 from load.bench_ingest import PARTITIONS, TOPIC, baseline, pipeline_rate
 from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.cluster import ClusterSpec, client_env, down, up
 from streamlearn.config import REPO_ROOT, KafkaSettings
 from streamlearn.kafka.admin import ensure_topics
-from streamlearn.kafka.broker import EmbeddedKafka
-from streamlearn.localray import start_local_ray
 
 NODES = ("import json, ray; ray.init(address='auto', log_to_driver=False, configure_logging=False); "
          "print(json.dumps(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU', 0) > 0)))")
@@ -44,8 +41,7 @@ def throughput(bootstrap: str, n: int, home: Path) -> dict:
     import ray
 
     base = [baseline(bootstrap, n) for _ in range(3)]
-    start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
-                    log_to_driver=False, configure_logging=False)
+    start_bench_ray()
     try:
         runs = {w: pipeline_rate(bootstrap, n, w, home) for w in (1, 2, 3)}
     finally:
@@ -126,26 +122,19 @@ def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true", help="reuse docs/bench/scaling.json's figures")
     parser.add_argument("--only-throughput", action="store_true", help="measure workers 1-3 and stop")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
-        try:
-            settings = KafkaSettings(bootstrap=broker.bootstrap)
-            if args.skip_throughput:
-                rates = json.loads((REPO_ROOT / "docs/bench/scaling.json").read_text())["throughput"]
-            else:
-                ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
-                run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
-                rates = throughput(broker.bootstrap, args.events, home)
-                write_json("scaling", {"events": args.events, "throughput": rates})  # kept if the rest fails
-                if args.only_throughput:
-                    report_throughput(args.events, rates)
-                    return
-            one = rates["runs"]["1"]["steady_events_per_s"] if "1" in rates["runs"] else \
-                rates["runs"][1]["steady_events_per_s"]
-            spike = reaction(broker.bootstrap, args.peak, home, capacity_floor=round(one * 0.8))
-        finally:
-            broker.stop()
+    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
+        if args.skip_throughput:
+            rates = json.loads((REPO_ROOT / "docs/bench/scaling.json").read_text())["throughput"]
+        else:
+            run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
+            rates = throughput(broker.bootstrap, args.events, home)
+            write_json("scaling", {"events": args.events, "throughput": rates})  # kept if the rest fails
+            if args.only_throughput:
+                report_throughput(args.events, rates)
+                return
+        one = rates["runs"]["1"]["steady_events_per_s"] if "1" in rates["runs"] else \
+            rates["runs"][1]["steady_events_per_s"]
+        spike = reaction(broker.bootstrap, args.peak, home, capacity_floor=round(one * 0.8))
     report(args.events, rates, spike, capacity_model(one))
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from load.bench_common import machine_line, score_continuously, write_json, write_section
+from load.bench_common import bench_broker, machine_line, score_continuously, start_bench_ray, write_json, write_section
 from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.kafka.admin import end_offsets, ensure_topics
+from streamlearn.kafka.admin import end_offsets
 from streamlearn.kafka.broker import EmbeddedKafka, free_port
 from streamlearn.train import checkpoint as ckpt
 
@@ -106,47 +105,37 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from streamlearn.localray import start_local_ray
     from streamlearn.serve import ServeConfig, deploy
     from streamlearn.serve import shutdown as serve_shutdown
     from streamlearn.train.trainer import train
 
     samples: list[dict] = []
     requests: list = []
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        broker = EmbeddedKafka(port=0, data_dir=home / "kafka").start()
-        try:
-            settings = KafkaSettings(bootstrap=broker.bootstrap)
-            ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
-            ctx = start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
-                                  dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
-                                  configure_logging=False)
-            cfg = TrainConfig(topic=TOPIC, workers=2, checkpoint_dir=str(home / "ckpt"), checkpoint_every_s=5.0,
-                              until_idle_s=10.0, window_events=4096)
-            serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, pipeline="fraud", port=free_port(),
-                                    min_replicas=2, max_replicas=2)
-            url = deploy(serve_cfg)
-            stop = threading.Event()
-            trainer = threading.Thread(target=train, args=(cfg, settings))
-            threads = [threading.Thread(target=score_continuously, args=(url, stop, requests)),
-                       threading.Thread(target=sample_forever,
-                                        args=(stop, args.sample_every, f"http://{ctx.dashboard_url}", broker,
-                                              settings, Path(cfg.checkpoint_dir) / cfg.run_name, requests,
-                                              samples))]
-            for t in [trainer, *threads]:
-                t.start()
-            produced = run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, bad_fraction=0.01, seed=31,
-                                profile=parse_profile(f"constant:{args.rate}"), duration=args.minutes * 60)
-            stop.set()
-            for t in threads:
-                t.join()
-            trainer.join()
-            final_lag = lag(settings, Path(cfg.checkpoint_dir) / cfg.run_name)
-            serve_shutdown()
-            ray.shutdown()
-        finally:
-            broker.stop()
+    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, settings):
+        ctx = start_bench_ray(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=free_port())
+        cfg = TrainConfig(topic=TOPIC, workers=2, checkpoint_dir=str(home / "ckpt"), checkpoint_every_s=5.0,
+                          until_idle_s=10.0, window_events=4096)
+        serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, pipeline="fraud", port=free_port(),
+                                min_replicas=2, max_replicas=2)
+        url = deploy(serve_cfg)
+        stop = threading.Event()
+        trainer = threading.Thread(target=train, args=(cfg, settings))
+        threads = [threading.Thread(target=score_continuously, args=(url, stop, requests)),
+                   threading.Thread(target=sample_forever,
+                                    args=(stop, args.sample_every, f"http://{ctx.dashboard_url}", broker,
+                                          settings, Path(cfg.checkpoint_dir) / cfg.run_name, requests,
+                                          samples))]
+        for t in [trainer, *threads]:
+            t.start()
+        produced = run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, bad_fraction=0.01, seed=31,
+                            profile=parse_profile(f"constant:{args.rate}"), duration=args.minutes * 60)
+        stop.set()
+        for t in threads:
+            t.join()
+        trainer.join()
+        final_lag = lag(settings, Path(cfg.checkpoint_dir) / cfg.run_name)
+        serve_shutdown()
+        ray.shutdown()
     report(args, samples, requests, produced, final_lag)
 
 
