@@ -307,10 +307,17 @@ def test_scoring_and_training_through_a_replica_kill_and_a_broker_outage(ray_clu
         results, failed = client.results, client.failures()
         print(f"scoring throughout: {len(results)} requests, {len(failed)} failed at the first attempt "
               f"{failed[:3]}")
-        assert len(results) > 1000
-        assert (len(results) - len(failed)) / len(results) >= 0.999, failed[:5]
-        # Every failure was the transport losing a killed replica, none the scorer's own answer
-        # (a 503 without a model, a 500 from a broken one), and the one retry got an answer.
+        # Scoring went on through every phase. How many requests that is depends on the
+        # machine's speed (CI once made 989 where a quiet run makes 2000+), so the test asks
+        # for answers in each phase, not for a count.
+        phases = {"before the kill": (0.0, killed_at), "around the kill": (killed_at, replaced_at + 2),
+                  "broker outage": (down_at, back_at), "after the broker": (back_at, float("inf"))}
+        for name, (since, until) in phases.items():
+            assert any(since <= r[0] <= until and r[2] == 200 for r in results), f"no answer {name}"
+        # The only first-attempt failures are the transport losing the killed replica, after the
+        # kill and before the outage, never the scorer's own answer (a 503 without a model, a
+        # 500 from a broken one); and the one retry got an answer.
+        assert all(killed_at - 2 <= f[0] < down_at for f in failed), failed[:5]
         assert all(transport_failure((f[1], None, f[4])) for f in failed), failed[:5]
         assert not client.failures(first=False), client.failures(first=False)[:5]
         assert all(version is not None for _, _, status, version, _ in results if status == 200)
