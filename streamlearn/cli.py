@@ -126,7 +126,10 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
           up_cooldown: float = typer.Option(15.0, help="Autoscale: seconds the need must stay high to add."),
           down_cooldown: float = typer.Option(60.0, help="Autoscale: seconds the need must stay low to remove."),
           target_drain: float = typer.Option(30.0, help="Autoscale: a backlog should drain within this."),
-          capacity_floor: float = typer.Option(1000.0, help="Autoscale: events/s one worker learns, at least.")):
+          capacity_floor: float = typer.Option(1000.0, help="Autoscale: events/s one worker learns, at least."),
+          warm_wait: float = typer.Option(60.0, help="Autoscale: seconds a resize waits for room to start the new "
+                                                     "group beside the old (pause of seconds) before it stops "
+                                                     "the old one first; 0: always stop first.")):
     """Train continuously from the topic (bounded with --max-events / --until-idle); prints a JSON summary.
     With --min-workers < --max-workers the worker count follows the load (docs/OPERATIONS.md, Scaling)."""
     from streamlearn.autoscale.policy import ScalingPolicy
@@ -140,7 +143,7 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
                       timeline=str(Path(timeline).resolve()) if timeline else "")
     scaling = ScalingPolicy(min_workers=min_workers or workers, max_workers=max_workers or workers,
                             up_cooldown_s=up_cooldown, down_cooldown_s=down_cooldown, target_drain_s=target_drain,
-                            capacity_floor=capacity_floor, normal_lag_s=checkpoint_every_s)
+                            capacity_floor=capacity_floor, normal_lag_s=checkpoint_every_s, warm_wait_s=warm_wait)
     _print_json(run_training(cfg, _kafka(bootstrap), scaling))
 
 

@@ -3,14 +3,15 @@
 One Ray actor per training run (`scaler-<run_name>` in namespace `streamlearn`). Every
 `sample_s` it reads Kafka (end offsets and the group's committed offsets, with kafka-python)
 and rank 0's progress reports, asks the pure policy for a worker count, and exports what it
-saw. A resize then goes:
+saw. A resize (the states are in handover.py) then goes:
 
-1. the policy wants N workers → the Ray autoscaler is asked for the extra workers' bundles,
-   so new nodes start while training goes on;
-2. once the cluster has room, `resize_due` answers rank 0's poll with N; rank 0 plans a last
-   window that checkpoints and stops, so every rank stops at the same offsets;
-3. `fit()` returns in the driver, `take_resize` hands it N, and it starts a group of N that
-   restores that checkpoint;
+1. the policy wants N workers → the Ray autoscaler is asked for room for a whole group of N
+   beside the running one, so nodes start while training goes on;
+2. warm, once that room is there: the driver starts the group of N, its workers come up and
+   wait; rank 0 of the running group is told to stop, plans a last window that checkpoints,
+   and reports `group_stopped`; the waiting group restores that checkpoint and learns;
+3. cold, when that room does not come within the policy's `warm_wait_s`: the running group
+   stops at a checkpoint first and the driver starts the group of N after it;
 4. the new group's first optimizer step ends the resize; its pause (no optimizer step) goes
    to resizes.jsonl and the metrics.
 
@@ -30,6 +31,7 @@ from typing import Any
 import ray
 
 from streamlearn import metrics
+from streamlearn.autoscale.handover import Resizer
 from streamlearn.autoscale.policy import Observation, ScalingPolicy, State, decide
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.logs import log
@@ -80,7 +82,22 @@ class _KafkaSampler:
         self._consumer = self._admin = None
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+def call(method, *args, timeout_s: float = 60.0):
+    """Call the scale controller and wait for the answer, riding out its being briefly out of
+    reach: on a loaded machine Ray answered ActorUnavailableError to a driver's poll, and the
+    driver died with the run. Every method called this way gives the same answer when asked
+    twice, so a retry after a lost reply is safe. A dead controller still raises."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(method.remote(*args), timeout=max(1.0, deadline - time.monotonic()))
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
 class ScaleController:
     def __init__(self, cfg: TrainConfig, kafka: KafkaSettings, policy: ScalingPolicy, workers: int,
                  sample_s: float = 2.0):
@@ -90,21 +107,24 @@ class ScaleController:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.kafka = _KafkaSampler(kafka, cfg.topic, cfg.group_id)
         self._lock = threading.Lock()
-        self.group = workers  # size of the group running (or being started) now
+        self.resizer = Resizer(workers, policy.warm_wait_s)  # the size learning now, and any resize
         self.target = workers  # what the policy wants
         self.reason = "starting"
         self.state = State()
-        self.stopping: dict[str, Any] | None = None  # a resize rank 0 has been told to make
-        self.resuming: dict[str, Any] | None = None  # a resize waiting for the new group's first step
         self.learned_total, self.last_step_t = 0, None
         self._base = 0  # events learned by earlier groups (each group's rank 0 counts from zero)
         self._requester = None  # our requests to Ray's AutoscalingCoordinator
+        self._told_to_stop = False  # the running group's rank 0 has been told to stop for a resize
         self.learning = False  # whether the running group has taken its first step
         self.resizes: deque[dict[str, Any]] = deque(maxlen=20)
         self._snapshot: dict[str, Any] = {}
         self._prev: tuple[float, int, int] | None = None  # (t, produced, learned) of the last sample
         self._stop = threading.Event()
         threading.Thread(target=self._loop, name="scaler", daemon=True).start()
+
+    @property
+    def group(self) -> int:
+        return self.resizer.group
 
     # --- rank 0 -----------------------------------------------------------------------
     def progress(self, learned_total: int, workers: int, step_t: float) -> None:
@@ -114,31 +134,63 @@ class ScaleController:
                 return  # a late report from a group already replaced
             self.learned_total, self.last_step_t = self._base + learned_total, step_t
             self.learning = True
-            if self.resuming:
-                self._finish_resize(step_t)
+            record = self.resizer.first_step(step_t)
+            if record:
+                self._finish_resize(record)
 
     def resize_due(self) -> int | None:
-        """Rank 0 polls this: a worker count to regroup at now, or None to carry on."""
+        """The running group's rank 0 polls this: a worker count to stop for now, or None."""
         with self._lock:
-            if self.stopping is None and self.resuming is None and self.target != self.group and self._room():
-                self.stopping = {"from": self.group, "to": self.target, "reason": self.reason,
-                                 "requested_at": time.time()}
-                log("resize_requested", pipeline=self.pipeline, **self.stopping)
-            return self.stopping["to"] if self.stopping else None
+            self._begin_resize()
+            to = self.resizer.stop_due()
+            if to is not None and not self._told_to_stop:
+                self._told_to_stop = True
+                log("resize_requested", pipeline=self.pipeline, **self.resizer.current.describe())
+            return to
+
+    def group_stopped(self) -> bool:
+        """The old group's rank 0, after the checkpoint it stopped at: the next group takes over."""
+        with self._lock:
+            if not self.resizer.stopped(self.last_step_t or time.time()):
+                return False
+            self._told_to_stop, self.learning = False, False
+            self._base = self.learned_total  # the new group counts from zero again
+            return True
+
+    def warm_ready(self, gen: int) -> bool:
+        """A warm group's rank 0, its workers up: the old group may stop. False: go home."""
+        with self._lock:
+            ok = self.resizer.warm_ready(gen)
+            if ok:
+                self._provision(self.target)  # the new group's placement group holds its room now
+                log("warm_group_ready", pipeline=self.pipeline, gen=gen, workers=self.resizer.current.to)
+            return ok
+
+    def handover(self, gen: int) -> str:
+        """Every rank of a warm group polls this: "go", "abort" or "wait"."""
+        with self._lock:
+            return self.resizer.handover(gen)
 
     # --- driver -----------------------------------------------------------------------
-    def take_resize(self) -> int | None:
-        """The driver, after fit() returned: the size to start the next group at, or None when
-        training ended for another reason (its bound, or it was asked to stop)."""
+    def warm_plan(self, gen: int) -> int | None:
+        """The driver polls this while a group runs: a size to start beside it now (as group `gen`)."""
         with self._lock:
-            if self.stopping is None:
-                return None
-            self.resuming = {**self.stopping, "stopped_at": self.last_step_t or time.time()}
-            self.stopping = None
-            self.group = self.resuming["to"]
-            self.learning = False
-            self._base = self.learned_total  # the new group counts from zero again
-            return self.group
+            self._begin_resize()
+            to = self.resizer.warm_plan(gen)
+            if to is not None:
+                log("warm_group_starting", pipeline=self.pipeline, gen=gen, **self.resizer.current.describe())
+            return to
+
+    def warm_failed(self, gen: int, error: str) -> None:
+        with self._lock:
+            log("warm_group_failed", level="warning", pipeline=self.pipeline, gen=gen, error=error[:300])
+            self.resizer.warm_failed(gen)
+
+    def take_resize(self) -> tuple[str, int | None]:
+        """The driver, after the running group's fit() returned: ("warm", n) the next group
+        already learns, ("cold", n) start one of n, ("end", None) training ended otherwise."""
+        with self._lock:
+            return self.resizer.take()
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -188,10 +240,25 @@ class ScaleController:
             log("scale_decision", pipeline=self.pipeline, desired=decision.desired, running=self.group,
                 reason=decision.reason)
         self.target, self.reason = decision.desired, decision.reason
-        if self.stopping is None and self.resuming is None:
-            self._provision(self.target)  # again each sample: the ask expires, and must follow the target
-        if self.target > self.group and self.stopping is None and not self._room():
-            self.reason += f"; waiting for the autoscaler to add room for {self.target - self.group} more"
+        self._begin_resize()
+        # Again each sample: the ask expires, and must follow the target.
+        self._provision(self.target)
+        r = self.resizer.current
+        if self.target != self.group and (r is None or r.state == "warming"):
+            self.reason += f"; waiting for the autoscaler to add room for a group of {self.target}" \
+                if r is None else f"; starting a group of {r.to} beside the running one"
+
+    def _begin_resize(self) -> None:
+        """Start a resize when one is due and the cluster has room for it (warm or cold)."""
+        if not self.learning:
+            return  # a group starting up: its samples say nothing about capacity yet
+        per, gpu = self.cfg.cpus_per_worker, int(self.cfg.use_gpu)
+        more = self.target - self.group
+        began = self.resizer.consider(self.target, self.reason, time.time(),
+                                      room_beside=self._room(self.target * per, self.target * gpu),
+                                      room_after=self._room(more * per, more * gpu))
+        if began is not None:
+            log("resize_begins", pipeline=self.pipeline, **began.describe())
 
     def _make_snapshot(self, now: float, obs: Observation, lag: dict[int, int], learned: int) -> dict[str, Any]:
         newest = ckpt.newest(self.run_dir)
@@ -205,7 +272,7 @@ class ScaleController:
                 "checkpoint": None if meta is None else {
                     "version": meta["version"], "written_at": meta.get("written_at"),
                     "online": meta.get("metrics", {}).get("online", {})},
-                "resizes": list(self.resizes)}
+                "resizing": self.resizer.state(), "resizes": list(self.resizes)}
 
     def _provision(self, workers: int) -> None:
         """Ask the Ray autoscaler for room for the extra workers before the group stops, so the
@@ -224,32 +291,26 @@ class ScaleController:
 
         if self._requester is None:
             self._requester = DefaultAutoscalingCoordinator(requester_id=f"streamlearn-{self.cfg.run_name}")
-        more = workers - self.group
+        more = self.resizer.bundles_to_ask(workers, time.time())
         if more <= 0:
             self._requester.cancel_request()
             return
         bundle = {"CPU": self.cfg.cpus_per_worker, **({"GPU": 1} if self.cfg.use_gpu else {})}
         self._requester.request_resources([bundle] * more, expire_after_s=300, priority=ResourceRequestPriority.HIGH)
 
-    def _room(self) -> bool:
-        """Whether the cluster can start the target group once the running one lets go."""
-        more = self.target - self.group
-        if more <= 0:
+    @staticmethod
+    def _room(cpus: float, gpus: int) -> bool:
+        """Whether the cluster has this much free now (a group of workers' bundles)."""
+        if cpus <= 0:
             return True
         free = ray.available_resources()
-        return (free.get("CPU", 0) + 1e-9 >= more * self.cfg.cpus_per_worker
-                and (not self.cfg.use_gpu or free.get("GPU", 0) >= more))
+        return free.get("CPU", 0) + 1e-9 >= cpus and free.get("GPU", 0) >= gpus
 
-    def _finish_resize(self, step_t: float) -> None:
-        r = self.resuming
-        pause = max(0.0, step_t - r["stopped_at"])
-        record = {"t": step_t, "from": r["from"], "to": r["to"], "reason": r["reason"], "pause_s": round(pause, 2),
-                  "requested_at": r["requested_at"]}
+    def _finish_resize(self, record: dict[str, Any]) -> None:
         self.resizes.append(record)
-        self.resuming = None
         self._provision(self.group)  # the new group's own request covers it now
         self._append("resizes.jsonl", record)
-        metrics.record_resize(self.pipeline, pause)
+        metrics.record_resize(self.pipeline, record["pause_s"])
         log("resized", pipeline=self.pipeline, **record)
 
     def _append(self, name: str, row: dict[str, Any]) -> None:

@@ -52,6 +52,10 @@ class ScalingPolicy:
     capacity_alpha: float = 0.3  # EWMA weight of a new capacity sample
     normal_lag_s: float = 10.0  # lag of this many seconds of input is normal: the checkpoint interval
     settle_s: float = 15.0  # after a resize, rates are no capacity samples: >= pause + one sampling interval
+    # How long a resize waits for room to start the new group beside the running one (a warm
+    # handover: a pause of seconds) before it stops the running group first (cold: the pause
+    # is a whole Ray Train start). 0: always cold, never more than one group's resources.
+    warm_wait_s: float = 60.0
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:
@@ -71,6 +75,8 @@ class ScalingPolicy:
         need(self.capacity_floor > 0, f"capacity_floor must be > 0 events/s per worker (take it from "
                                       f"docs/BENCHMARKS.md), got {self.capacity_floor}")
         need(0 < self.capacity_alpha <= 1, f"capacity_alpha must be in (0, 1], got {self.capacity_alpha}")
+        need(self.warm_wait_s >= 0, f"warm_wait_s must be >= 0 seconds (0: resize cold, stopping first), "
+                                    f"got {self.warm_wait_s}")
         need(self.normal_lag_s >= 0 and self.settle_s >= 0,
              "normal_lag_s (≈ checkpoint_every_s) and settle_s (≈ resize pause + sampling interval) must be >= 0")
 

@@ -86,12 +86,18 @@ def _training(snap: dict | None, now: float, problem: str | None) -> Table:
         table.add_row("online metric", _metric(cp.get("online")))
     else:
         table.add_row("checkpoint", "none yet")
+    going = snap.get("resizing")
+    if going:
+        kind = "warm: the new group starts beside the running one" if going.get("warm") else "cold: stop, then start"
+        table.add_row("resizing", f"{going.get('frm')} → {going.get('to')} workers, {going.get('state')} ({kind}), "
+                                  f"for {_age(now, going.get('requested_at'))}")
     resizes = snap.get("resizes") or []
     if resizes:
         last = resizes[-1]
+        mode = f"{last['mode']}, " if last.get("mode") else ""
         table.add_row("last resize", f"{last.get('from')} → {last.get('to')} workers, {_age(now, last.get('t'))} "
-                                     f"ago, paused {_num(last.get('pause_s'), 1)} s ({last.get('reason', '')}); "
-                                     f"{len(resizes)} recent")
+                                     f"ago, {mode}paused {_num(last.get('pause_s'), 1)} s "
+                                     f"({last.get('reason', '')}); {len(resizes)} recent")
     table.add_row("sampled", f"{_age(now, snap.get('t'))} ago   topic {snap.get('topic', '?')}, "
                              f"pipeline {snap.get('pipeline', '?')}")
     return table

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,51 @@ def write(directory: str | Path, model_state: dict, optimizer_state: dict | None
     tmp.write_text(sums)
     os.replace(tmp, directory / SUMS)
     return directory
+
+
+def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_state: dict | None,
+            meta: dict[str, Any]) -> Path:
+    """Write checkpoint `version` into the run directory, whole or not at all, and durably.
+
+    Written beside its final name and renamed into place (atomic on one filesystem), then the
+    files and the directory are fsynced: the caller commits Kafka offsets next, and those must
+    never be ahead of a checkpoint a crash could still lose."""
+    run_dir = Path(run_dir)
+    final = run_dir / f"checkpoint_{version:09d}"
+    if final.exists():
+        raise CheckpointError(f"{final} exists already: versions only move forward; is another run "
+                              f"writing this lineage?")
+    staging = run_dir / f".staging-{version:09d}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    write(staging, model_state, optimizer_state, meta)
+    for name in (*FILES, SUMS):
+        _fsync(staging / name)
+    os.rename(staging, final)
+    _fsync(run_dir)
+    return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def restore_point(run_dir: str | Path) -> Path | None:
+    """The checkpoint training resumes from: the newest complete one, verified, or None.
+
+    Unlike `newest` (the scorer's, which passes over a bad checkpoint to keep serving), a
+    corrupt newest checkpoint raises: resuming from an older one would learn events twice.
+    One without its checksum file is incomplete (a crash mid-write, or being pruned) and is
+    passed over."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    path = found[-1][1]
+    verify(path)
+    return path
 
 
 def verify(directory: str | Path) -> None:
@@ -100,3 +146,22 @@ def newest(run_dir: str | Path) -> Path | None:
         except CheckpointError:
             continue
     return None
+
+
+def prune(run_dir: str | Path, keep: int) -> list[int]:
+    """Delete all but the newest `keep` checkpoints; return the versions deleted.
+
+    Ours rather than Ray Train's `num_to_keep`: during a warm resize two Ray Train runs share
+    the run directory, each pruning from its own list, and one failed its run deleting a
+    checkpoint the other had already removed. The checksum file goes first, so a reader sees
+    an incomplete checkpoint, never a half-deleted one that looks complete."""
+    found = list_checkpoints(run_dir)
+    gone = []
+    for version, path in found[:max(0, len(found) - keep)]:
+        try:
+            (path / SUMS).unlink()
+        except FileNotFoundError:
+            continue  # pruned by someone else meanwhile
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(version)
+    return gone

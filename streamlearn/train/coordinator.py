@@ -16,6 +16,7 @@ import ray
 import torch.distributed as dist
 from confluent_kafka import KafkaException
 
+from streamlearn.autoscale.controller import call
 from streamlearn.config import TrainConfig
 from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.reader import RangeReader
@@ -34,6 +35,17 @@ def broadcast(obj, rank: int):
     box = [obj if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def await_handover(controller, gen: int, rank: int, poll_s: float = 0.1) -> bool:
+    """A warm group's workers, up and before restoring: wait until the running group has stopped
+    at a checkpoint (True: restore it and learn), or the resize was called off (False: go home).
+    Every rank asks the controller itself: a wait in a collective would time out."""
+    if rank == 0 and call(controller.warm_ready, gen):
+        log("handover_waiting", gen=gen)
+    while (answer := call(controller.handover, gen)) == "wait":
+        time.sleep(poll_s)
+    return answer == "go"
 
 
 @dataclass
@@ -109,6 +121,11 @@ class Coordinator:
         ref = self.controller.progress.remote(self._learned, self.world, time.time())
         if window.stop:
             ray.get(ref, timeout=10)
+
+    def stopped(self) -> None:
+        """After the checkpoint a resize stopped at: the next group may restore it now."""
+        if self.controller is not None and self.resize_to is not None:
+            call(self.controller.group_stopped)
 
     def _resize_due(self, now: float) -> bool:
         # Polled once a second: a regroup is rare, and the answer must not cost a window's latency.

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_window
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
-from streamlearn.train.coordinator import Coordinator, broadcast
+from streamlearn.train.coordinator import Coordinator, await_handover, broadcast
 from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.phases import Phases, trace_allreduce
 from streamlearn.train.prequential import SlidingWindow, summarize
@@ -45,27 +43,37 @@ def train_loop_per_worker(config: dict) -> None:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng([cfg.seed, rank, int(time.time())])
     device = ray.train.torch.get_device()
-
-    restored = _restore(cfg, ray.train.get_checkpoint(), rank)
-    model = pipeline.build_model()
-    if restored:
-        model.load_state_dict(restored[0])
-    model = ray.train.torch.prepare_model(model)
-    optimizer = pipeline.make_optimizer(model.parameters())
-    if restored and restored[1]:
-        optimizer.load_state_dict(restored[1])
-
-    phases = Phases(rank, cfg.timeline)
-    trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
+    gen, warm = config.get("gen", 0), config.get("warm", False)
+    # Later groups trace to their own files: a resize's two groups run side by side.
+    phases = Phases(rank if not gen else 1000 * gen + rank, cfg.timeline,
+                    process=f"rank{rank}.group{gen}" if gen else "")
+    # All that is slow to start comes before a warm group's wait: Kafka clients, the model
+    # wrapped for DDP (its first use imports much of torch.distributed), the optimizer.
     stream = WorkerStream(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
+    model = ray.train.torch.prepare_model(pipeline.build_model())
+    optimizer = pipeline.make_optimizer(model.parameters())
+    trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
+    if warm and not await_handover(config["controller"], gen, rank):
+        stream.close()
+        phases.close()
+        log("warm_group_called_off", rank=rank, gen=gen)
+        return
+
+    restore_t = time.monotonic()
+    restored = _restore(cfg, rank)
+    if restored:  # the same state on every rank, loaded in place under DDP
+        _unwrapped(model).load_state_dict(restored[0])
+        if restored[1]:
+            optimizer.load_state_dict(restored[1])
     lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
     stream.dead_letters.skip_written_since(lineage.dlq_positions)
     bind(version=lineage.version)
-    coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller")) if rank == 0 else None
+    coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller"),
+                               config.get("consumed_at_start", 0)) if rank == 0 else None
     recent = SlidingWindow(cfg.metric_window)
     delta, loss_sum = Counters(), 0.0
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
-        positions=lineage.positions)
+        positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
     try:
         with phases("plan"):
             window = broadcast(coordinator.next_window() if coordinator else None, rank)
@@ -93,6 +101,8 @@ def train_loop_per_worker(config: dict) -> None:
             if window.stop:
                 break
             window = upcoming
+        if coordinator:
+            coordinator.stopped()  # a resize's next group restores what this one just saved
     finally:
         stream.close()
         phases.close()
@@ -161,15 +171,11 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     lineage.dlq_positions = stream.dead_letters.positions()
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
             "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
-    module = model.module if hasattr(model, "module") else model
-    staging = tempfile.mkdtemp(prefix="streamlearn-ckpt-")
-    try:
-        ckpt.write(staging, module.state_dict(), optimizer.state_dict(), meta)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(staging),
-                         checkpoint_dir_name=f"checkpoint_{lineage.version:09d}")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # Our store, not Ray Train's (DECISIONS §17): Ray gets the metrics only.
+    ckpt.publish(_run_dir(cfg), lineage.version, _unwrapped(model).state_dict(), optimizer.state_dict(), meta)
+    ray.train.report(metrics, checkpoint=None)
     stream.reader.commit(lineage.positions)  # only now: the checkpoint holding them is durable
+    ckpt.prune(_run_dir(cfg), cfg.keep_checkpoints)
     _append_history(cfg, {"version": lineage.version, "t": meta["written_at"], "workers": meta["workers"],
                           "learned": lineage.totals.learned, "dead_lettered": lineage.totals.dead_lettered,
                           "steps": lineage.totals.steps, "train_loss": metrics["train_loss"],
@@ -179,31 +185,30 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
         dead_lettered=lineage.totals.dead_lettered, online=metrics["online"], train_loss=metrics["train_loss"])
 
 
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
 def _append_history(cfg: TrainConfig, row: dict) -> None:
     """One line per checkpoint in <run dir>/history.jsonl: the curves `streamlearn report` draws."""
-    path = Path(cfg.checkpoint_dir) / cfg.run_name / "history.jsonl"
+    path = _run_dir(cfg) / "history.jsonl"
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
 
 
-def _restore(cfg: TrainConfig, checkpoint, rank: int) -> tuple[dict, dict | None, dict] | None:
-    """The newest checkpoint of the lineage. Usually Ray Train's; but a worker's report reaches
-    Ray's bookkeeping only when its controller next polls, so a controller stopped in between
-    (`ray job stop`, a killed driver) hands back an older one than the newest complete checkpoint
-    on disk, and the run would learn those windows again. Rank 0 picks; every rank loads that one."""
-    given = None
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            given = ckpt.load(directory)
-    newer = None
-    if rank == 0:
-        on_disk = ckpt.newest(f"{cfg.checkpoint_dir}/{cfg.run_name}")  # checksums verified
-        if on_disk is not None and int(ckpt.read_meta(on_disk)["version"]) > (given[2]["version"] if given else 0):
-            newer = str(on_disk)
-            log("restore_newer_than_ray", level="warning", path=newer,
-                ray_version=given[2]["version"] if given else None)
-    newer = broadcast(newer, rank)
-    return ckpt.load(newer) if newer else given
+def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict] | None:
+    """The lineage's newest complete checkpoint, verified (a corrupt one raises: an older one
+    would learn events twice). From the run directory, not Ray Train's `get_checkpoint()`: a
+    run's checkpoint is whatever the group before it stopped at, and that group may have been
+    another Ray Train run still shutting down (a warm resize) or one killed before Ray
+    registered its last report. Rank 0 picks; every rank loads that one."""
+    path = ckpt.restore_point(_run_dir(cfg)) if rank == 0 else None
+    path = broadcast(str(path) if path else None, rank)
+    return ckpt.load(path) if path else None
+
+
+def _run_dir(cfg: TrainConfig) -> Path:
+    return Path(cfg.checkpoint_dir) / cfg.run_name
 
 
 def _lineage(cfg: TrainConfig, stream: WorkerStream, restored) -> Lineage:
@@ -214,13 +219,17 @@ def _lineage(cfg: TrainConfig, stream: WorkerStream, restored) -> Lineage:
         lows = {p: low for p, (low, _high) in stream.reader.watermarks(stream.reader.partitions()).items()}
         lineage = Lineage(cfg.topic, start_offsets=dict(lows), positions=dict(lows))
     # Versions only move forward, even past a checkpoint written but never registered by Ray.
-    on_disk = ckpt.list_checkpoints(f"{cfg.checkpoint_dir}/{cfg.run_name}")
+    on_disk = ckpt.list_checkpoints(_run_dir(cfg))
     lineage.version = max([lineage.version, *(v for v, _ in on_disk)])
     return lineage
 
 
-def _coordinator(cfg: TrainConfig, stream: WorkerStream, lineage: Lineage, world: int, controller) -> Coordinator:
-    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=cfg.max_events)
+def _coordinator(cfg: TrainConfig, stream: WorkerStream, lineage: Lineage, world: int, controller,
+                 consumed_at_start: int) -> Coordinator:
+    # --max-events bounds the whole run, not each group: take off what earlier groups consumed.
+    consumed = lineage.totals.learned + lineage.totals.dead_lettered - consumed_at_start
+    budget = None if cfg.max_events is None else max(0, cfg.max_events - consumed)
+    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
                        world=world, controller=controller)
 

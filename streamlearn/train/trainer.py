@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError
 from streamlearn.kafka.admin import ensure_topics, partitions_of
 from streamlearn.kafka.broker import require_broker
+from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train import checkpoint as ckpt
 
@@ -21,7 +23,10 @@ def run_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.checkpoint_dir) / cfg.run_name
 
 
-def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None):
+def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, gen: int = 0, warm: bool = False,
+                  consumed_at_start: int = 0):
+    """One group's Ray Train run. `gen` numbers the run's groups; a `warm` group's workers wait
+    for the group they replace to stop before restoring (see streamlearn/autoscale/handover.py)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -30,16 +35,16 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None):
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"train": cfg, "kafka": kafka, "controller": controller},
+        train_loop_config={"train": cfg, "kafka": kafka, "controller": controller, "gen": gen, "warm": warm,
+                           "consumed_at_start": consumed_at_start},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),
         run_config=ray.train.RunConfig(
-            # One name per lineage: Ray Train restores the newest checkpoint of a run with the
-            # same storage path and name, which is exactly "every restart resumes".
+            # Ray Train's own bookkeeping (run snapshots, metrics) apart from the lineage's
+            # checkpoints, which are ours (checkpoint.publish) and restored by the loop itself.
             name=cfg.run_name,
-            storage_path=str(Path(cfg.checkpoint_dir).resolve()),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+            storage_path=str(Path(cfg.checkpoint_dir).resolve() / ".ray-train"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
         ),
     )
@@ -48,10 +53,12 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None):
 def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None = None) -> dict[str, Any]:
     """Run continuous training until the config's bound (or forever); return the run summary.
 
-    With a scaling policy whose min and max differ, the worker count follows the load: each
-    resize ends the running group at a checkpoint and starts one of the new size from it (Ray
-    Train v2 fixes a group's size for its life, and its elastic range always asks for the max).
-    Without one, the group keeps cfg.workers, and the controller still samples lag for metrics.
+    With a scaling policy whose min and max differ, the worker count follows the load. Ray
+    Train v2 fixes a group's size for its life (its elastic range always asks for the max), so
+    each resize is a new group, one Ray Train run, restoring the old group's last checkpoint:
+    started beside the old one and handed over at that checkpoint when the cluster has room
+    (warm), or after the old one stopped (cold). Without a policy the group keeps cfg.workers,
+    and the controller still samples lag for metrics.
     """
     import ray
 
@@ -71,12 +78,7 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     started = time.time()
     controller = start_controller(cfg, kafka, policy, workers)
     try:
-        while workers:
-            group_cfg = _group_config(cfg, workers, before)
-            if group_cfg is None:
-                break  # the event budget was spent by earlier groups
-            build_trainer(group_cfg, kafka, controller).fit()
-            workers = ray.get(controller.take_resize.remote())
+        _run_groups(cfg, kafka, controller, workers, _consumed(before))
     finally:
         ray.get(controller.stop.remote())
         ray.kill(controller)
@@ -84,13 +86,84 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     return summarize_run(before, after, time.time() - started)
 
 
-def _group_config(cfg: TrainConfig, workers: int, before: dict | None) -> TrainConfig | None:
-    """The next group's config: its size, and what is left of this run's event budget."""
+class _Group(threading.Thread):
+    """One group's fit() in its own thread, so that the next group can start beside it."""
+
+    def __init__(self, trainer, gen: int, workers: int):
+        super().__init__(name=f"train-group-{gen}", daemon=True)
+        self.trainer, self.gen, self.workers, self.error = trainer, gen, workers, None
+
+    def run(self):
+        try:
+            self.trainer.fit()
+        except BaseException as e:  # handed to the driver's loop, which decides what it means
+            self.error = e
+
+
+def _run_groups(cfg: TrainConfig, kafka: KafkaSettings, controller, workers: int, consumed_at_start: int,
+                poll_s: float = 1.0) -> None:
+    """Run groups until training ends: one learns at a time; during a warm resize the next one
+    starts beside it and takes over at the checkpoint the old one stops at."""
+    from streamlearn.autoscale.controller import call
+
+    def start(n: int, gen: int, warm: bool = False) -> _Group:
+        group = _Group(build_trainer(replace(cfg, workers=n), kafka, controller, gen=gen, warm=warm,
+                                     consumed_at_start=consumed_at_start), gen, n)
+        group.start()
+        return group
+
+    running, warm, retiring, gen = start(workers, 0), None, [], 0
+    while True:
+        running.join(poll_s)
+        retiring = _reap(retiring)
+        if running.is_alive():
+            if warm is None:
+                n = call(controller.warm_plan, gen + 1)
+                if n:
+                    gen += 1
+                    warm = start(n, gen, warm=True)
+            elif call(controller.handover, warm.gen) == "go":
+                # The old group stopped at its checkpoint and the new one learns from it; the
+                # old run's teardown goes on in its thread while the next resize may begin.
+                retiring.append(running)
+                running, warm = warm, None
+            elif not warm.is_alive():  # its run ended before it took over: the resize goes on without it
+                call(controller.warm_failed, warm.gen, repr(warm.error))
+                warm = None
+            continue
+        mode, n = call(controller.take_resize)  # also calls off a warm group still waiting
+        # Handed over since the last poll (asked again: the new group may have taken its first
+        # step already, which ends the resize, and the answer to take_resize with it).
+        if warm is not None and (mode == "warm" or call(controller.handover, warm.gen) == "go"):
+            retiring.append(running)
+            running, warm = warm, None
+            continue
+        if warm is not None:
+            warm.join()  # its workers go home without restoring
+            warm = None
+        if running.error is not None:
+            raise running.error
+        if mode != "cold" or _budget_spent(cfg, consumed_at_start):
+            for group in retiring:
+                group.join(60)
+            return
+        gen += 1
+        running = start(n, gen)
+
+
+def _reap(groups: list[_Group]) -> list[_Group]:
+    """The old groups still shutting down; one that ended with an error did so after its last
+    checkpoint (a new group had taken over from it), so nothing of it is lost: say so only."""
+    for group in groups:
+        if not group.is_alive() and group.error is not None:
+            log("group_ended_with_error", level="warning", gen=group.gen, error=repr(group.error)[:300])
+    return [group for group in groups if group.is_alive()]
+
+
+def _budget_spent(cfg: TrainConfig, consumed_at_start: int) -> bool:
     if cfg.max_events is None:
-        return replace(cfg, workers=workers)
-    done = _consumed(_meta_or_none(ckpt.newest(run_dir(cfg)))) - _consumed(before)
-    left = cfg.max_events - done
-    return replace(cfg, workers=workers, max_events=left) if left > 0 else None
+        return False
+    return _consumed(_meta_or_none(ckpt.newest(run_dir(cfg)))) - consumed_at_start >= cfg.max_events
 
 
 def _consumed(meta: dict | None) -> int:

@@ -39,6 +39,14 @@ def test_status_shows_every_figure_from_both_sources():
     assert "\x1b[" not in text  # plain text: no escape codes when there is no terminal
 
 
+def test_status_shows_a_resize_under_way_and_the_kind_of_the_last():
+    going = {"frm": 2, "to": 3, "state": "started", "warm": True, "requested_at": NOW - 40}
+    done = [{"t": NOW - 300, "from": 1, "to": 2, "reason": "lag growing", "pause_s": 1.4, "mode": "warm"}]
+    flat = " ".join(render_text(SNAPSHOT | {"resizing": going, "resizes": done}, MODEL, now=NOW).split())
+    assert "2 → 3 workers, started (warm: the new group starts beside the running one), for 40 s" in flat, flat
+    assert "warm, paused 1.4 s" in flat
+
+
 def test_status_without_any_source_says_unavailable_with_hints():
     problems = {"controller": "no Ray cluster at --address auto; start one with `make demo`",
                 "scorer": "no scorer answers at http://127.0.0.1:8000; start one with `streamlearn serve up`"}

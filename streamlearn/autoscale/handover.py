@@ -1,0 +1,177 @@
+"""One resize at a time, as a small state machine the scale controller drives (pure; unit-tested).
+
+A resize is warm when the cluster has room for the whole new group beside the running one:
+the new group starts while the old one keeps learning, its workers come up (processes, torch,
+gloo, Kafka clients) and wait before restoring; only then is the old group told to checkpoint
+and stop, and the new one restores that checkpoint. The pause (no optimizer step) is a
+checkpoint, a restore and a first window, not a Ray Train run's start:
+
+    warming   room beside the old group: the driver is to start the new one
+    started   the driver started it; Ray Train is bringing its workers up
+    ready     its workers wait before restoring; the old group is told to stop at a checkpoint
+    handed    the old group checkpointed and stopped; the new group restores and learns
+
+A resize is cold when that room does not come within `warm_wait_s` (a cluster at its node
+limit): the old group stops first and the new one starts after it, as every restart does:
+
+    stopping  the old group is told to checkpoint and stop
+    stopped   it did; the driver starts the new group once the old one's fit() returns
+    restarting  the driver started it
+
+Both end at the new group's first optimizer step. Exactly-once needs nothing new: either way a
+resize is a checkpoint followed by a restore of that checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+WARM_WAITING = ("warming", "started", "ready")
+
+
+@dataclass
+class Resize:
+    frm: int
+    to: int
+    reason: str
+    requested_at: float
+    warm: bool
+    state: str
+    gen: int | None = None  # the warm group's number, once the driver started it
+    stopped_at: float | None = None  # the old group's last optimizer step
+
+    def describe(self) -> dict[str, Any]:
+        return {"from": self.frm, "to": self.to, "reason": self.reason, "requested_at": self.requested_at,
+                "mode": "warm" if self.warm else "cold"}
+
+
+class Resizer:
+    def __init__(self, group: int, warm_wait_s: float):
+        self.group = group  # size of the group learning now (or about to, after a handover)
+        self.warm_wait_s = warm_wait_s
+        self.current: Resize | None = None
+        self._want_since: float | None = None  # when the target first differed from the group
+        self._outcomes: dict[int, str] = {}  # warm group number -> "go" | "abort"
+
+    # --- the controller, each sample and each rank-0 poll -------------------------------
+    def consider(self, target: int, reason: str, now: float, *, room_beside: bool, room_after: bool) -> Resize | None:
+        """Begin a resize if one is due; return it when one began."""
+        r = self.current
+        if r is not None and r.state == "warming":  # not started yet: follow the target
+            if target == self.group:
+                self.current = None
+            else:
+                r.to = target
+        if self.current is not None:
+            return None
+        if target == self.group:
+            self._want_since = None
+            return None
+        if self._want_since is None:
+            self._want_since = now
+        if room_beside and self._warm_allowed(now):
+            self.current = Resize(self.group, target, reason, now, warm=True, state="warming")
+        elif room_after and not self._warm_allowed(now):
+            self.current = Resize(self.group, target, reason, now, warm=False, state="stopping")
+        return self.current
+
+    def bundles_to_ask(self, target: int, now: float) -> int:
+        """Worker bundles to ask the autoscaler for beyond what running groups hold."""
+        r = self.current
+        if r is not None:
+            if r.warm:
+                return r.to if r.state in ("warming", "started") else 0  # a started group asks for itself
+            return max(0, r.to - r.frm) if r.state != "restarting" else 0
+        if target == self.group:
+            return 0
+        return target if self._warm_allowed(now) else max(0, target - self.group)
+
+    def _warm_allowed(self, now: float) -> bool:
+        return self.warm_wait_s > 0 and (self._want_since is None or now - self._want_since < self.warm_wait_s)
+
+    # --- the driver -----------------------------------------------------------------------
+    def warm_plan(self, gen: int) -> int | None:
+        """The size of a group to start now beside the running one (numbered `gen`), or None."""
+        r = self.current
+        if r is not None and r.state == "started" and r.gen == gen:
+            return r.to  # asked again (a reply lost on the way): the same answer
+        if r is None or not r.warm or r.state != "warming":
+            return None
+        r.state, r.gen = "started", gen
+        return r.to
+
+    def warm_failed(self, gen: int) -> None:
+        """The warm group's run ended before the handover: drop it, or finish the resize cold if
+        the old group was already told to stop."""
+        r = self.current
+        if r is None or r.gen != gen or r.state == "handed":
+            return
+        self._outcomes[gen] = "abort"
+        if r.state == "stopping":
+            r.warm = False  # the old group stops anyway; the driver starts the new one after it
+        else:
+            self.current = None
+
+    def take(self) -> tuple[str, int | None]:
+        """After the running group's fit() returned: ("warm", n) the new group already learns,
+        ("cold", n) start one of n now, ("end", None) training ended for another reason."""
+        r = self.current
+        if r is None:
+            return "end", None
+        if r.state == "handed":
+            return "warm", r.to
+        if r.state in ("stopped", "restarting"):  # "restarting": asked again, same answer
+            r.state = "restarting"
+            return "cold", r.to
+        # The old group ended for another reason (its bound, idle): a waiting group goes home.
+        if r.gen is not None:
+            self._outcomes[r.gen] = "abort"
+        self.current = None
+        return "end", None
+
+    # --- the workers ----------------------------------------------------------------------
+    def warm_ready(self, gen: int) -> bool:
+        """The warm group's rank 0, its workers up: the old group may be told to stop now."""
+        r = self.current
+        if r is None or r.gen != gen or r.state != "started":
+            return False
+        r.state = "ready"
+        return True
+
+    def handover(self, gen: int) -> str:
+        """Every rank of a warm group polls this: "go" (restore and learn), "abort", or "wait"."""
+        return self._outcomes.get(gen, "wait")
+
+    def stop_due(self) -> int | None:
+        """The running group's rank 0 polls this: a size to checkpoint and stop for, or None."""
+        r = self.current
+        if r is None or r.state not in ("ready", "stopping"):
+            return None
+        r.state = "stopping"
+        return r.to
+
+    def stopped(self, last_step_t: float) -> bool:
+        """The old group's rank 0, after its last checkpoint: the new group takes over from it."""
+        r = self.current
+        if r is None or r.state != "stopping":
+            return False
+        r.stopped_at, self.group = last_step_t, r.to
+        if r.warm:
+            r.state = "handed"
+            self._outcomes[r.gen] = "go"
+        else:
+            r.state = "stopped"
+        self._want_since = None
+        return True
+
+    def first_step(self, step_t: float) -> dict[str, Any] | None:
+        """The new group's first optimizer step ends the resize: its record, pause included."""
+        r = self.current
+        if r is None or r.state not in ("handed", "restarting"):
+            return None
+        self.current = None
+        return {"t": step_t, **r.describe(), "pause_s": round(max(0.0, step_t - r.stopped_at), 2)}
+
+    def state(self) -> dict[str, Any] | None:
+        return None if self.current is None else {**asdict(self.current)}
