@@ -133,6 +133,33 @@ class Schema:
             raise BadEvent(_json_reason(raw, e)) from None
         return self.validate(obj)
 
+    def decode_many(self, values: list[bytes | None]) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
+        """`decode` over a whole slice: (events, index of each event's value, [(index, reason)] of the
+        bad ones). The same verdicts as `decode`, with the valid path in one tight loop: the
+        per-event call and its checks were a third of the decode time."""
+        events: list[dict[str, Any]] = []
+        kept: list[int] = []
+        bad: list[tuple[int, str]] = []
+        loads, all_valid, max_bytes, n = orjson.loads, self._all_valid, self.max_bytes, len(self.fields)
+        fast = self.extra == "ignore"
+        names = [f.name for f in self.fields]
+        for i, raw in enumerate(values):
+            if fast and raw and len(raw) <= max_bytes:
+                try:
+                    obj = loads(raw)
+                except orjson.JSONDecodeError:
+                    obj = None
+                if type(obj) is dict and all_valid(obj):
+                    events.append(obj if len(obj) == n else {name: obj[name] for name in names})
+                    kept.append(i)
+                    continue
+            try:  # the slow path says why
+                events.append(self.decode(raw))
+                kept.append(i)
+            except BadEvent as e:
+                bad.append((i, e.reason))
+        return events, kept, bad
+
     def validate(self, obj: Any) -> dict[str, Any]:
         if not isinstance(obj, dict):
             raise BadEvent(f"not_object: event must be a JSON object, got {_json_type(obj)}")

@@ -320,10 +320,18 @@ class ScaleController:
 
 def start_controller(cfg: TrainConfig, kafka: KafkaSettings, policy: ScalingPolicy, workers: int,
                      sample_s: float = 2.0):
-    """Start this run's controller on the head (it holds no CPU), replacing a stale one."""
+    """Start this run's controller beside the driver (it holds no CPU), replacing a stale one.
+
+    Pinned to the driver's node: Ray places an actor that asks for no resources on a random
+    node, and any live actor keeps its node from ever counting as idle, so the autoscaler
+    could never remove a worker node that happened to host the controller."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     name = actor_name(cfg.run_name)
     try:
         ray.kill(ray.get_actor(name, namespace=NAMESPACE))  # left by a driver that died
     except ValueError:
         pass
-    return ScaleController.options(name=name, namespace=NAMESPACE).remote(cfg, kafka, policy, workers, sample_s)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ScaleController.options(name=name, namespace=NAMESPACE, scheduling_strategy=here).remote(
+        cfg, kafka, policy, workers, sample_s)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streamlearn.config import KafkaSettings
-from streamlearn.errors import BadEvent, KafkaUnavailable
+from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.reader import Message
 from streamlearn.schema import Schema, reason_code
 
@@ -28,14 +28,8 @@ class Decoded:
 
 
 def decode(messages: list[Message], schema: Schema) -> Decoded:
-    events, good, bad = [], [], []
-    for m in messages:
-        try:
-            events.append(schema.decode(m.value))
-            good.append(m)
-        except BadEvent as e:
-            bad.append((m, e.reason))
-    return Decoded(events, good, bad)
+    events, kept, bad = schema.decode_many([m.value for m in messages])
+    return Decoded(events, [messages[i] for i in kept], [(messages[i], reason) for i, reason in bad])
 
 
 def dead_letter_key(topic: str, partition: int, offset: int) -> bytes:
@@ -51,6 +45,7 @@ class DeadLetters:
         self._already: set[bytes] = set()
         self._failed: list[str] = []
         self.by_reason: Counter[str] = Counter()
+        self._watermarks: Consumer | None = None
 
     def skip_written_since(self, positions: dict[int, int], timeout_s: float = 30.0) -> int:
         """Remember the keys written to the dead-letter topic after `positions` (from the checkpoint)."""
@@ -105,10 +100,16 @@ class DeadLetters:
             raise KafkaUnavailable(f"dead-letter topic {self.topic}: {left} undelivered, errors {self._failed[:3]}")
 
     def positions(self) -> dict[int, int]:
-        consumer = Consumer({**self._settings.confluent(), "group.id": "streamlearn-dlq-scan", "log_level": 3})
-        try:
-            meta = consumer.list_topics(self.topic, timeout=10).topics[self.topic]
-            return {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
-                    for p in meta.partitions}
-        finally:
-            consumer.close()
+        """The dead-letter topic's end per partition: where a replay's scan for keys starts.
+        One consumer for the life of the stream: a new one per checkpoint cost a connection."""
+        if self._watermarks is None:
+            self._watermarks = Consumer({**self._settings.confluent(), "group.id": "streamlearn-dlq-scan",
+                                         "log_level": 3})
+        meta = self._watermarks.list_topics(self.topic, timeout=10).topics[self.topic]
+        return {p: self._watermarks.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                for p in meta.partitions}
+
+    def close(self) -> None:
+        self.flush()
+        if self._watermarks is not None:
+            self._watermarks.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamlearn.config import KafkaSettings
-from streamlearn.ingest.deadletter import DeadLetters, Decoded, decode
+from streamlearn.ingest.deadletter import DeadLetters
 from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
@@ -31,8 +31,8 @@ class Batch:
     window: Window
     features: np.ndarray
     targets: np.ndarray
+    crcs: np.ndarray  # crc32 of each row's bytes, added to the fingerprint once its step is taken
     bad: list[tuple[Message, str]]  # dead-lettered once this window is learned, not when read
-    fingerprint: int  # sum of crc32 over the learned events' bytes: detects double or missed learning
     read_s: float = 0.0
 
     @property
@@ -65,11 +65,16 @@ class WorkerStream:
         validate, featurize), so a slow ingest shows which of the two it is."""
         started = time.perf_counter()
         with self.phases("fetch", window=window.seq):
-            messages = self.reader.read(window.slice_for(self.rank, self.world))
+            messages = self.reader.read_raw(window.slice_for(self.rank, self.world))
         with self.phases("decode", window=window.seq, messages=len(messages)):
-            x, y, decoded = self._featurize(decode(messages, self.pipeline.schema))
-        return Batch(window, x, y, decoded.bad, fingerprint(m.value for m in decoded.messages),
-                     time.perf_counter() - started)
+            values = [m.value() for m in messages]
+            events, kept, bad = self.pipeline.schema.decode_many(values)
+            x, y, kept, bad = self._featurize(events, kept, bad)
+            crc32 = zlib.crc32
+            crcs = np.fromiter((crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
+            dead = [(Message(messages[i].partition(), messages[i].offset(), values[i]), reason)
+                    for i, reason in sorted(bad)]
+        return Batch(window, x, y, crcs, dead, time.perf_counter() - started)
 
     def dead_letter(self, batch: Batch) -> None:
         """Called in window order after the window is learned. Sending from the read-ahead
@@ -78,25 +83,25 @@ class WorkerStream:
         for message, reason in batch.bad:
             self.dead_letters.send(message, reason)
 
-    def _featurize(self, decoded: Decoded) -> tuple[np.ndarray, np.ndarray, Decoded]:
+    def _featurize(self, events: list[dict], kept: list[int], bad: list[tuple[int, str]]):
         """A pipeline that chokes on a valid event dead-letters that event, not the whole rank."""
         features, targets = self.pipeline.features, self.pipeline.targets
         try:
-            return features(decoded.events), targets(decoded.events), decoded
+            return features(events), targets(events), kept, bad
         except Exception:
             pass  # find the culprits one by one: rare, so the slow path is fine
-        kept = Decoded([], [], list(decoded.bad))
-        for event, message in zip(decoded.events, decoded.messages, strict=True):
+        good_events, good_kept, bad = [], [], list(bad)
+        for event, index in zip(events, kept, strict=True):
             try:
                 features([event]), targets([event])
             except Exception as e:
-                kept.bad.append((message, f"featurize_error: {type(e).__name__}: {str(e)[:200]}"))
+                bad.append((index, f"featurize_error: {type(e).__name__}: {str(e)[:200]}"))
                 continue
-            kept.events.append(event)
-            kept.messages.append(message)
-        return features(kept.events), targets(kept.events), kept
+            good_events.append(event)
+            good_kept.append(index)
+        return features(good_events), targets(good_events), good_kept, bad
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self.dead_letters.flush()
+        self.dead_letters.close()
         self.reader.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -81,7 +81,7 @@ class Coordinator:
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s
                or self.planned_since_checkpoint * self.expected_steps_per_event >= self.cfg.checkpoint_every_steps)
         if self.planned_since_checkpoint and (due or window.stop):
-            window = Window(window.seq, window.ranges, checkpoint=True, stop=window.stop)
+            window = replace(window, checkpoint=True)
             self.planned_since_checkpoint = 0
             self.last_checkpoint_t = now
         return window

@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
 
 from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.ingest.stream import Batch, WorkerStream
+from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream
 from streamlearn.ingest.windows import WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_window
@@ -31,28 +32,32 @@ from streamlearn.train.coordinator import Coordinator, await_handover, broadcast
 from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.phases import Phases, trace_allreduce
 from streamlearn.train.prequential import SlidingWindow, summarize
+from streamlearn.train.writer import CheckpointWriter
 
 
 def train_loop_per_worker(config: dict) -> None:
     cfg: TrainConfig = config["train"]
     kafka: KafkaSettings = config["kafka"]
+    startup = Startup(config.get("started_at"))
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     pipeline = load_pipeline(cfg.pipeline)
     bind(pipeline=pipeline.name, rank=rank)  # on every log line from this worker, reader thread too
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng([cfg.seed, rank, int(time.time())])
     device = ray.train.torch.get_device()
     gen, warm = config.get("gen", 0), config.get("warm", False)
     # Later groups trace to their own files: a resize's two groups run side by side.
     phases = Phases(rank if not gen else 1000 * gen + rank, cfg.timeline,
                     process=f"rank{rank}.group{gen}" if gen else "")
     # All that is slow to start comes before a warm group's wait: Kafka clients, the model
-    # wrapped for DDP (its first use imports much of torch.distributed), the optimizer.
+    # wrapped for DDP (its first use imports much of torch.distributed), the optimizer (torch.optim's
+    # first optimizer imports torch._dynamo: 3-4.5 s of one core here, measured).
     stream = WorkerStream(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
+    startup.mark("kafka_clients")
     model = ray.train.torch.prepare_model(pipeline.build_model())
     optimizer = pipeline.make_optimizer(model.parameters())
     trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
+    startup.mark("model_ready")
     if warm and not await_handover(config["controller"], gen, rank):
         stream.close()
         phases.close()
@@ -66,10 +71,13 @@ def train_loop_per_worker(config: dict) -> None:
         if restored[1]:
             optimizer.load_state_dict(restored[1])
     lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
+    startup.mark("restored")
     stream.dead_letters.skip_written_since(lineage.dlq_positions)
+    startup.mark("dead_letters_scanned")
     bind(version=lineage.version)
     coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller"),
                                config.get("consumed_at_start", 0)) if rank == 0 else None
+    writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit) if rank == 0 else None
     recent = SlidingWindow(cfg.metric_window)
     delta, loss_sum = Counters(), 0.0
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
@@ -77,60 +85,72 @@ def train_loop_per_worker(config: dict) -> None:
     try:
         with phases("plan"):
             window = broadcast(coordinator.next_window() if coordinator else None, rank)
+        startup.mark("first_window_planned")
         pending = stream.prefetch(window)
         while True:
             with phases("wait_data"):
                 batch = pending.result()
+            startup.mark("first_batch_read")
             if not window.stop:  # plan and start reading the next window while this one trains
                 with phases("plan"):
                     upcoming = broadcast(coordinator.next_window() if coordinator else None, rank)
                 pending = stream.prefetch(upcoming)
-            steps, batch_loss = learn(model, optimizer, pipeline, batch, cfg.batch_size, rng, device, recent,
-                                      phases)
+            steps, batch_loss, learned_fp = learn(model, optimizer, pipeline, batch, cfg, rank, device, recent,
+                                                  phases)
             stream.dead_letter(batch)
             record_window(pipeline.name, batch.size, dead_by_reason(batch.bad), steps if rank == 0 else 0)
-            delta.add(Counters(batch.size, batch.dead_lettered, batch.fingerprint, steps))
+            delta.add(Counters(batch.size, batch.dead_lettered, learned_fp, steps))
+            if steps:
+                startup.mark("first_step_done")
             loss_sum += batch_loss
             lineage.positions.update(window.end_positions())
             if coordinator:
                 coordinator.learned(window)
             if window.checkpoint:
                 with phases("checkpoint"):
-                    save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, rank, phases)
+                    save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, writer, phases,
+                         startup.take())
                 delta, loss_sum = Counters(), 0.0
             if window.stop:
                 break
             window = upcoming
+        if writer:
+            writer.drain()  # everything this group saved is published before it ends or hands over
         if coordinator:
             coordinator.stopped()  # a resize's next group restores what this one just saved
     finally:
+        if writer:
+            writer.close()
         stream.close()
         phases.close()
     log("worker_stopped", rank=rank, version=lineage.version)
 
 
-def learn(model, optimizer, pipeline: Pipeline, batch: Batch, batch_size: int, rng, device,
-          recent: SlidingWindow, phases: Phases) -> tuple[int, float]:
-    """Predict-then-learn over this rank's slice, in exactly as many steps as every other rank."""
+def learn(model, optimizer, pipeline: Pipeline, batch: Batch, cfg: TrainConfig, rank: int, device,
+          recent: SlidingWindow, phases: Phases) -> tuple[int, float, int]:
+    """Predict-then-learn over this rank's slice, in exactly as many steps as every other rank.
+    Returns (steps, summed loss, fingerprint of the rows learned)."""
     with phases("sync"):
         sizes = _all_sizes(batch.size)  # one small collective tells every rank every rank's size
-    steps = max(math.ceil(n / batch_size) for n in sizes)
+    steps = max(math.ceil(n / cfg.batch_size) for n in sizes)
     if steps == 0:
-        return 0, 0.0
+        return 0, 0.0, 0
     world = len(sizes)
+    # Seeded by the window's offsets, not the clock: a window replayed after a crash is
+    # learned in the same order, so a resumed lineage ends with the same weights (bitwise).
+    rng = np.random.default_rng([cfg.seed, rank, *(o for r in sorted(batch.window.ranges.items()) for o in r[1])])
     chunks = np.array_split(rng.permutation(batch.size), steps)  # local shuffle across partitions
     totals = [sum(_split_size(n, steps, s) for n in sizes) for s in range(steps)]
     features, targets = torch.from_numpy(batch.features), torch.from_numpy(batch.targets)
-    loss_sum = 0.0
     with phases("train", events=batch.size, steps=steps):
-        loss_sum = _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent,
-                          phases)
-    return steps, loss_sum
+        loss_sum, learned_fp = _steps(model, optimizer, pipeline, features, targets, batch.crcs, chunks, totals,
+                                      world, device, recent, phases)
+    return steps, loss_sum, learned_fp
 
 
-def _steps(model, optimizer, pipeline, features, targets, chunks, totals, world, device, recent,
-           phases: Phases) -> float:
-    loss_sum = 0.0
+def _steps(model, optimizer, pipeline, features, targets, crcs, chunks, totals, world, device, recent,
+           phases: Phases) -> tuple[float, int]:
+    loss_sum, learned_fp = 0.0, 0
     for idx, total in zip(chunks, totals, strict=True):
         x, y = features[idx].to(device), targets[idx].to(device)
         with phases("forward"):
@@ -145,14 +165,19 @@ def _steps(model, optimizer, pipeline, features, targets, chunks, totals, world,
         with phases("step"):
             optimizer.step()
         if len(idx):
+            # Into the fingerprint only once the step that used them is taken: a row trained
+            # twice, or skipped, shows in the lineage's fingerprint.
+            learned_fp += int(crcs[idx].sum(dtype=np.uint64))
             recent.add(pipeline.score(output.detach()).cpu().numpy(), targets[idx].numpy())
             loss_sum += float(per_event.detach().sum())
-    return loss_sum
+    return loss_sum, learned_fp % FINGERPRINT_MOD
 
 
 def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
-         loss_sum: float, recent: SlidingWindow, stream: WorkerStream, rank: int, phases: Phases) -> None:
-    """All ranks: flush dead letters, sum counters, gather metric windows; rank 0 writes and reports."""
+         loss_sum: float, recent: SlidingWindow, stream: WorkerStream, writer: CheckpointWriter | None,
+         phases: Phases, startup: dict[str, float] | None = None) -> None:
+    """All ranks: flush dead letters, sum counters, gather metric windows. Rank 0 snapshots the
+    model and hands it to the writer, which publishes, commits offsets and prunes behind training."""
     stream.dead_letters.flush()
     summed = _sum_counters(delta, loss_sum)
     windows = _gather(recent.arrays())
@@ -161,8 +186,8 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     bind(version=lineage.version)
     metrics = {"version": lineage.version, "learned": lineage.totals.learned, "phases_s": phases.take(),
                "dead_lettered": lineage.totals.dead_lettered, "steps": lineage.totals.steps,
-               "train_loss": summed[1] / max(summed[0].learned, 1)}
-    if rank != 0:
+               "train_loss": summed[1] / max(summed[0].learned, 1), **({"startup_s": startup} if startup else {})}
+    if writer is None:
         ray.train.report(metrics, checkpoint=None)
         return
     scores = np.concatenate([w[0] for w in windows])
@@ -171,18 +196,44 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     lineage.dlq_positions = stream.dead_letters.positions()
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
             "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
+    version, totals = lineage.version, dict(vars(lineage.totals))
+
+    def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
+        _append_history(cfg, {"version": version, "t": meta["written_at"], "workers": meta["workers"],
+                              **{k: totals[k] for k in ("learned", "dead_lettered", "steps")},
+                              "train_loss": metrics["train_loss"], "phases_s": metrics["phases_s"],
+                              **({"startup_s": startup} if startup else {}), **metrics["online"]})
+        record_checkpoint(pipeline.name, version, metrics["train_loss"], metrics["online"], meta["written_at"])
+        log("checkpoint", pipeline=pipeline.name, rank=0, version=version, learned=totals["learned"],
+            dead_lettered=totals["dead_lettered"], online=metrics["online"], train_loss=metrics["train_loss"])
+
     # Our store, not Ray Train's (DECISIONS §17): Ray gets the metrics only.
-    ckpt.publish(_run_dir(cfg), lineage.version, _unwrapped(model).state_dict(), optimizer.state_dict(), meta)
+    writer.submit(version, _unwrapped(model).state_dict(), optimizer.state_dict(), meta, lineage.positions,
+                  then=published)
     ray.train.report(metrics, checkpoint=None)
-    stream.reader.commit(lineage.positions)  # only now: the checkpoint holding them is durable
-    ckpt.prune(_run_dir(cfg), cfg.keep_checkpoints)
-    _append_history(cfg, {"version": lineage.version, "t": meta["written_at"], "workers": meta["workers"],
-                          "learned": lineage.totals.learned, "dead_lettered": lineage.totals.dead_lettered,
-                          "steps": lineage.totals.steps, "train_loss": metrics["train_loss"],
-                          "phases_s": metrics["phases_s"], **metrics["online"]})
-    record_checkpoint(pipeline.name, lineage.version, metrics["train_loss"], metrics["online"], meta["written_at"])
-    log("checkpoint", pipeline=pipeline.name, rank=rank, version=lineage.version, learned=lineage.totals.learned,
-        dead_lettered=lineage.totals.dead_lettered, online=metrics["online"], train_loss=metrics["train_loss"])
+
+
+class Startup:
+    """Where a group's first seconds go, as seconds since `streamlearn train` started (or since
+    the worker process started, when the driver's clock is not known): reported once, with
+    the group's first checkpoint, and drawn from by bench_ingest's time-to-first-step."""
+
+    def __init__(self, started_at: float | None):
+        process = psutil.Process().create_time()
+        self.origin, self._taken = started_at or process, False
+        self.marks: dict[str, float] = {"worker_process": process - self.origin}
+        self.mark("loop_entered")
+
+    def mark(self, name: str) -> None:
+        if name not in self.marks and not self._taken:
+            self.marks[name] = round(time.time() - self.origin, 3)
+
+    def take(self) -> dict[str, float] | None:
+        """The marks, the first time only."""
+        if self._taken:
+            return None
+        self._taken = True
+        return dict(self.marks)
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -229,7 +280,7 @@ def _coordinator(cfg: TrainConfig, stream: WorkerStream, lineage: Lineage, world
     # --max-events bounds the whole run, not each group: take off what earlier groups consumed.
     consumed = lineage.totals.learned + lineage.totals.dead_lettered - consumed_at_start
     budget = None if cfg.max_events is None else max(0, cfg.max_events - consumed)
-    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget)
+    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget, world=world)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
                        world=world, controller=controller)
 

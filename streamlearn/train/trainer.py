@@ -18,6 +18,8 @@ from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train import checkpoint as ckpt
 
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
 
 def run_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.checkpoint_dir) / cfg.run_name
@@ -36,7 +38,7 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg, "kafka": kafka, "controller": controller, "gen": gen, "warm": warm,
-                           "consumed_at_start": consumed_at_start},
+                           "consumed_at_start": consumed_at_start, "started_at": time.time()},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),
@@ -65,6 +67,11 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     from streamlearn.autoscale.controller import start_controller
 
     load_pipeline(cfg.pipeline)  # fail here, not inside a worker, if the pipeline is broken
+    # Ray Train's preemption watcher is a 0-CPU actor per worker group that Ray places on a
+    # random node, where it keeps that node busy for the group's life: after a resize down,
+    # the autoscaler could not remove the node it landed on (the fresh-clone CI failure of
+    # test_autoscale). Ray passes this variable on to Train's controller.
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     require_broker(kafka)
     if not partitions_of(kafka, cfg.topic):
         raise ConfigError(f"topic {cfg.topic!r} does not exist at {kafka.bootstrap}; "

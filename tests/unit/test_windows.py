@@ -1,8 +1,25 @@
 from streamlearn.ingest.windows import Window, WindowPlanner, _fair_share
 
 
+def test_each_partition_goes_whole_to_one_rank_and_every_offset_once():
+    window = Window(0, {0: (10, 21), 1: (0, 3), 2: (5, 5), 3: (7, 9)})
+    for world in (1, 2, 3, 4):
+        seen = {p: [] for p in window.ranges}
+        for rank in range(world):
+            for p, (lo, hi) in window.slice_for(rank, world).items():
+                assert p % world == rank  # the same rank every window: its reads stay contiguous
+                seen[p].extend(range(lo, hi))
+        for p, (start, end) in window.ranges.items():
+            assert seen[p] == list(range(start, end))
+
+
+def test_planner_splits_ranges_only_with_fewer_partitions_than_ranks():
+    assert WindowPlanner({0: 0, 1: 0}, window_events=100, world=2).next({0: 50, 1: 50}).by_partition
+    assert not WindowPlanner({0: 0}, window_events=100, world=2).next({0: 50}).by_partition
+
+
 def test_slices_cover_each_range_exactly_once_and_evenly():
-    window = Window(0, {0: (10, 21), 1: (0, 3), 2: (5, 5)})
+    window = Window(0, {0: (10, 21), 1: (0, 3), 2: (5, 5)}, by_partition=False)
     for world in (1, 2, 3, 5):
         seen = {p: [] for p in window.ranges}
         for rank in range(world):

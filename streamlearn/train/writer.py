@@ -1,0 +1,61 @@
+"""Rank 0's checkpoint writer: the model is snapshotted in memory at the window boundary and
+written, fsynced, hashed, published, committed and pruned in a background thread, while the
+next windows train.
+
+The contract is the synchronous one's: checkpoints publish strictly in version order (one
+thread), and a checkpoint's consumer-group offsets are committed only after it is durable
+on disk. A write that fails is raised at the next checkpoint (the worker fails and Ray
+Train restores the newest checkpoint that did land), and a group never ends, nor hands over
+to the next one, before everything it saved is published.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from streamlearn.train import checkpoint as ckpt
+
+MAX_PENDING = 2  # a writer slower than the cadence makes training wait rather than pile up copies
+
+
+def snapshot(state: dict) -> dict:
+    """A copy that the next optimizer step cannot change (state dicts hold live tensors)."""
+    return copy.deepcopy({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
+
+
+class CheckpointWriter:
+    def __init__(self, run_dir: Path, keep: int, commit: Callable[[dict[int, int]], None]):
+        self.run_dir, self.keep, self._commit = run_dir, keep, commit
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        self._pending: deque[Future] = deque()
+
+    def submit(self, version: int, model_state: dict, optimizer_state: dict | None, meta: dict,
+               offsets: dict[int, int], then: Callable[[], None]) -> None:
+        """Queue checkpoint `version` (the states are snapshotted here, before returning)."""
+        self._reap(block=len(self._pending) >= MAX_PENDING)
+        states = snapshot(model_state), snapshot(optimizer_state) if optimizer_state is not None else None
+        self._pending.append(self._pool.submit(self._write, version, *states, meta, dict(offsets), then))
+
+    def _write(self, version, model_state, optimizer_state, meta, offsets, then) -> None:
+        ckpt.publish(self.run_dir, version, model_state, optimizer_state, meta)
+        self._commit(offsets)  # only now: the checkpoint holding them is durable
+        ckpt.prune(self.run_dir, self.keep)
+        then()
+
+    def drain(self) -> None:
+        """Wait until every queued checkpoint is published and committed; raise the first failure."""
+        self._reap(block=True, everything=True)
+
+    def _reap(self, *, block: bool, everything: bool = False) -> None:
+        while self._pending and (self._pending[0].done() or block):
+            self._pending.popleft().result()  # re-raises a failed write here, in the training thread
+            block = everything
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
