@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from streamlearn import faults
 from streamlearn.errors import CheckpointError
 
 SUMS = "SHA256SUMS"
@@ -36,6 +37,7 @@ def write(directory: str | Path, model_state: dict, optimizer_state: dict | None
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model_state, "optimizer": optimizer_state}, directory / "model.pt")
     (directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    faults.point("mid_checkpoint_write")
     sums = "".join(f"{_sha256(directory / name)}  {name}\n" for name in FILES)
     tmp = directory / (SUMS + ".tmp")
     tmp.write_text(sums)

@@ -21,6 +21,7 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
+from streamlearn import faults
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream
 from streamlearn.ingest.windows import WindowPlanner
@@ -46,6 +47,7 @@ def train_loop_per_worker(config: dict) -> None:
     torch.manual_seed(cfg.seed)
     device = ray.train.torch.get_device()
     gen, warm = config.get("gen", 0), config.get("warm", False)
+    faults.arm(config.get("fault", ""), rank, _run_dir(cfg))
     # Later groups trace to their own files: a resize's two groups run side by side.
     phases = Phases(rank if not gen else 1000 * gen + rank, cfg.timeline,
                     process=f"rank{rank}.group{gen}" if gen else "")
@@ -164,6 +166,7 @@ def _steps(model, optimizer, pipeline, features, targets, crcs, chunks, totals, 
             loss.backward()
         with phases("step"):
             optimizer.step()
+        faults.point("step")
         if len(idx):
             # Into the fingerprint only once the step that used them is taken: a row trained
             # twice, or skipped, shows in the lineage's fingerprint.
@@ -178,6 +181,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
          phases: Phases, startup: dict[str, float] | None = None) -> None:
     """All ranks: flush dead letters, sum counters, gather metric windows. Rank 0 snapshots the
     model and hands it to the writer, which publishes, commits offsets and prunes behind training."""
+    faults.point("before_dead_letter_flush")
     stream.dead_letters.flush()
     summed = _sum_counters(delta, loss_sum)
     windows = _gather(recent.arrays())

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from streamlearn import faults
 from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError
@@ -38,7 +39,8 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg, "kafka": kafka, "controller": controller, "gen": gen, "warm": warm,
-                           "consumed_at_start": consumed_at_start, "started_at": time.time()},
+                           "consumed_at_start": consumed_at_start, "started_at": time.time(),
+                           "fault": faults.spec_from_env()},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from streamlearn import faults
 from streamlearn.train import checkpoint as ckpt
 
 MAX_PENDING = 2  # a writer slower than the cadence makes training wait rather than pile up copies
@@ -43,7 +44,9 @@ class CheckpointWriter:
         self._pending.append(self._pool.submit(self._write, version, *states, meta, dict(offsets), then))
 
     def _write(self, version, model_state, optimizer_state, meta, offsets, then) -> None:
+        faults.point("before_checkpoint_write")
         ckpt.publish(self.run_dir, version, model_state, optimizer_state, meta)
+        faults.point("after_publish_before_commit")
         self._commit(offsets)  # only now: the checkpoint holding them is durable
         ckpt.prune(self.run_dir, self.keep)
         then()
