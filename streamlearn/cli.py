@@ -132,6 +132,8 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
                                                      "the old one first; 0: always stop first.")):
     """Train continuously from the topic (bounded with --max-events / --until-idle); prints a JSON summary.
     With --min-workers < --max-workers the worker count follows the load (docs/OPERATIONS.md, Scaling)."""
+    import psutil
+
     from streamlearn.autoscale.policy import ScalingPolicy
     from streamlearn.train.trainer import train as run_training
 
@@ -144,7 +146,8 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
     scaling = ScalingPolicy(min_workers=min_workers or workers, max_workers=max_workers or workers,
                             up_cooldown_s=up_cooldown, down_cooldown_s=down_cooldown, target_drain_s=target_drain,
                             capacity_floor=capacity_floor, normal_lag_s=checkpoint_every_s, warm_wait_s=warm_wait)
-    _print_json(run_training(cfg, _kafka(bootstrap), scaling))
+    # The startup breakdown (first checkpoint's startup_s) counts from this process's start.
+    _print_json(run_training(cfg, _kafka(bootstrap), scaling, started_at=psutil.Process().create_time()))
 
 
 @app.command()

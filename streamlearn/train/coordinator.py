@@ -26,6 +26,9 @@ from streamlearn.logs import log
 # The most one plan adds to the idle clock: an empty plan comes every poll interval plus a few
 # collectives; anything longer was time blocked elsewhere, not the stream seen empty.
 MAX_IDLE_TICK_S = 2.0
+# While the backlog already seen covers a whole window, plan from the watermarks last asked
+# for, this long at most: a query is a broker round trip per partition, on every window.
+MAX_WATERMARK_AGE_S = 1.0
 
 
 def broadcast(obj, rank: int):
@@ -66,6 +69,9 @@ class Coordinator:
     _empty_answer_t: float | None = None  # when the broker last answered "nothing new"
     _learned: int = 0
     _resize_asked_t: float = 0.0
+    _resize_answer: Any = None  # the controller's answer on its way (an ObjectRef)
+    _highs: dict[int, int] | None = None
+    _highs_t: float = 0.0
     resize_to: int | None = None
 
     def next_window(self) -> Window:
@@ -88,8 +94,14 @@ class Coordinator:
 
     def _high_watermarks(self) -> dict[int, int] | None:
         """partition -> next offset to be written; None while the broker cannot answer."""
+        now = self.clock()
+        if (self._highs and now - self._highs_t < MAX_WATERMARK_AGE_S
+                and self.planner.available(self._highs) >= self.planner.window_events):
+            return self._highs
         try:
-            return {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions()).items()}
+            self._highs = {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions()).items()}
+            self._highs_t = now
+            return self._highs
         except (KafkaException, KafkaUnavailable) as e:
             # Broker away: plan nothing and ask again. Training idles instead of failing the
             # run, and every rank keeps waiting in the plan broadcast, not in an allreduce.
@@ -128,16 +140,23 @@ class Coordinator:
             call(self.controller.group_stopped)
 
     def _resize_due(self, now: float) -> bool:
-        # Polled once a second: a regroup is rare, and the answer must not cost a window's latency.
-        if self.controller is None or self.resize_to is not None or now - self._resize_asked_t < 1.0:
+        # Asked once a second and never waited for: the answer is picked up by a later window
+        # (a blocking ask cost up to tens of ms on the window that made it, measured).
+        if self.controller is None or self.resize_to is not None:
             return self.resize_to is not None
-        self._resize_asked_t = now
-        try:
-            self.resize_to = ray.get(self.controller.resize_due.remote(), timeout=5)
-        except (ray.exceptions.RayError, TimeoutError) as e:
-            log("scaler_unreachable", level="warning", error=str(e)[:200])  # keep training at this size
-        if self.resize_to is not None:
-            log("resize_stop", workers=self.world, to=self.resize_to)
+        if self._resize_answer is not None:
+            if not ray.wait([self._resize_answer], timeout=0)[0]:
+                return False
+            try:
+                self.resize_to = ray.get(self._resize_answer)
+            except ray.exceptions.RayError as e:
+                log("scaler_unreachable", level="warning", error=str(e)[:200])  # keep training at this size
+            self._resize_answer = None
+            if self.resize_to is not None:
+                log("resize_stop", workers=self.world, to=self.resize_to)
+        elif now - self._resize_asked_t >= 1.0:
+            self._resize_asked_t = now
+            self._resize_answer = self.controller.resize_due.remote()
         return self.resize_to is not None
 
     def _current_partitions(self) -> list[int]:

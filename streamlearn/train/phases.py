@@ -26,6 +26,7 @@ class Phases:
         (a scorer replica: its OS pid as `rank`, so merged files keep every process apart)."""
         self.rank = rank
         self.totals: dict[str, float] = defaultdict(float)
+        self.last: dict[str, float] = {}  # each phase's latest span, seconds
         self._lock = threading.Lock()
         self._file = None
         if timeline:
@@ -46,6 +47,7 @@ class Phases:
             elapsed = time.perf_counter() - start
             with self._lock:
                 self.totals[name] += elapsed
+                self.last[name] = elapsed
                 if self._file is not None:
                     event = {"name": name, "ph": "X", "pid": self.rank, "tid": threading.current_thread().name,
                              "ts": int((time.time() - elapsed) * 1e6), "dur": int(elapsed * 1e6), "args": args}

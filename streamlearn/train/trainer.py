@@ -27,7 +27,7 @@ def run_dir(cfg: TrainConfig) -> Path:
 
 
 def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, gen: int = 0, warm: bool = False,
-                  consumed_at_start: int = 0):
+                  consumed_at_start: int = 0, started_at: float | None = None):
     """One group's Ray Train run. `gen` numbers the run's groups; a `warm` group's workers wait
     for the group they replace to stop before restoring (see streamlearn/autoscale/handover.py)."""
     import ray.train
@@ -39,7 +39,7 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg, "kafka": kafka, "controller": controller, "gen": gen, "warm": warm,
-                           "consumed_at_start": consumed_at_start, "started_at": time.time(),
+                           "consumed_at_start": consumed_at_start, "started_at": started_at or time.time(),
                            "fault": faults.spec_from_env()},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
@@ -54,7 +54,8 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
     )
 
 
-def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None = None,
+          started_at: float | None = None) -> dict[str, Any]:
     """Run continuous training until the config's bound (or forever); return the run summary.
 
     With a scaling policy whose min and max differ, the worker count follows the load. Ray
@@ -62,8 +63,10 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     each resize is a new group, one Ray Train run, restoring the old group's last checkpoint:
     started beside the old one and handed over at that checkpoint when the cluster has room
     (warm), or after the old one stopped (cold). Without a policy the group keeps cfg.workers,
-    and the controller still samples lag for metrics.
+    and the controller still samples lag for metrics. `started_at` (wall clock) is where the
+    first group's startup breakdown counts from: the CLI passes its process's start.
     """
+    started_at = started_at or time.time()
     import ray
 
     from streamlearn.autoscale.controller import start_controller
@@ -87,7 +90,7 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     started = time.time()
     controller = start_controller(cfg, kafka, policy, workers)
     try:
-        _run_groups(cfg, kafka, controller, workers, _consumed(before))
+        _run_groups(cfg, kafka, controller, workers, _consumed(before), started_at)
     finally:
         ray.get(controller.stop.remote())
         ray.kill(controller)
@@ -110,14 +113,15 @@ class _Group(threading.Thread):
 
 
 def _run_groups(cfg: TrainConfig, kafka: KafkaSettings, controller, workers: int, consumed_at_start: int,
-                poll_s: float = 1.0) -> None:
+                started_at: float, poll_s: float = 1.0) -> None:
     """Run groups until training ends: one learns at a time; during a warm resize the next one
     starts beside it and takes over at the checkpoint the old one stops at."""
     from streamlearn.autoscale.controller import call
 
     def start(n: int, gen: int, warm: bool = False) -> _Group:
         group = _Group(build_trainer(replace(cfg, workers=n), kafka, controller, gen=gen, warm=warm,
-                                     consumed_at_start=consumed_at_start), gen, n)
+                                     consumed_at_start=consumed_at_start, started_at=None if gen else started_at),
+                       gen, n)
         group.start()
         return group
 
