@@ -87,7 +87,8 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
     env = {**os.environ, **cluster}
     checkpoints = tmp_path / "ckpt"
     train = subprocess.Popen(
-        [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "fraud", "--bootstrap", kafka.bootstrap,
+        [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "tests.integration.models:HeavyFraud",
+         "--run-name", "fraud", "--bootstrap", kafka.bootstrap,
          "--topic", topic, "--workers", "1", "--min-workers", "1", "--max-workers", "2", "--cpus-per-worker", "1",
          "--checkpoint-dir", str(checkpoints), "--checkpoint-every-s", "2", "--up-cooldown", "3",
          "--down-cooldown", "8", "--target-drain", "10", "--capacity-floor", "2000", "--until-idle", "8",
