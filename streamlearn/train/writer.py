@@ -40,10 +40,14 @@ class CheckpointWriter:
 
     def submit(self, version: int, model_state: dict, optimizer_state: dict | None, meta: dict,
                offsets: dict[int, int], then: Callable[[], None]) -> None:
-        """Queue checkpoint `version` (the states are snapshotted here, before returning)."""
+        """Queue checkpoint `version`. Everything is copied here, before returning: the training
+        thread moves on and changes the model, the optimizer and the lineage's offsets (a meta
+        that still referred to the live offsets claimed windows its model had not learned: the
+        aimed kill after publish found it as events skipped after a restore)."""
         self._reap(block=len(self._pending) >= MAX_PENDING)
         states = snapshot(model_state), snapshot(optimizer_state) if optimizer_state is not None else None
-        self._pending.append(self._pool.submit(self._write, version, *states, meta, dict(offsets), then))
+        self._pending.append(self._pool.submit(self._write, version, *states, copy.deepcopy(meta), dict(offsets),
+                                               then))
 
     def _write(self, version, model_state, optimizer_state, meta, offsets, then) -> None:
         faults.point("before_checkpoint_write")

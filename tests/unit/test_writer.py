@@ -87,3 +87,17 @@ def test_a_restore_loads_exactly_the_weights_and_optimizer_state_that_were_check
         assert torch.equal(a, b), name
     for key, value in optimizer.state_dict()["state"][0].items():
         assert torch.equal(value, fresh_opt.state_dict()["state"][0][key]), key
+
+
+def test_the_meta_is_frozen_too(tmp_path):
+    """The lineage's offsets dict lives on and moves with the next windows: the checkpoint must keep
+    the offsets of the boundary it was taken at."""
+    writer = CheckpointWriter(tmp_path, keep=2, commit=lambda offsets: None)
+    busy = threading.Event()
+    writer._pool.submit(busy.wait)
+    offsets = {0: 100}
+    writer.submit(1, {"w": torch.ones(1)}, None, {"version": 1, "offsets": offsets}, offsets, then=lambda: None)
+    offsets[0] = 200  # the next window is learned before the writer gets to this checkpoint
+    busy.set()
+    writer.drain()
+    assert ckpt.read_meta(ckpt.newest(tmp_path))["offsets"] == {"0": 100}
