@@ -110,7 +110,7 @@ class RangeReader:
         return out
 
     def _position(self, p: int, start: int, end: int, out: list) -> int:
-        """Make partition p deliver `start` next (from what it carried, by resuming, or by a seek);
+        """Make partition p deliver `start` next (from what it carried, where it already is, or by a seek);
         return how many of [start, end) are still to be consumed."""
         carried = self._carry.pop(p, [])
         if carried and carried[0].offset() == start:

@@ -44,10 +44,6 @@ class Batch:
         return len(self.bad)
 
 
-def fingerprint(values) -> int:
-    return sum(zlib.crc32(v) for v in values) % FINGERPRINT_MOD
-
-
 class WorkerStream:
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
                  rank: int, world: int, phases: Phases | None = None):

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from streamlearn import faults
 from streamlearn.train import checkpoint as ckpt
 
@@ -28,8 +26,9 @@ MAX_PENDING = 2  # a writer slower than the cadence makes training wait rather t
 
 
 def snapshot(state: dict) -> dict:
-    """A copy that the next optimizer step cannot change (state dicts hold live tensors)."""
-    return copy.deepcopy({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
+    """A copy that the next optimizer step cannot change (state dicts hold live tensors; a deep
+    copy clones each one)."""
+    return copy.deepcopy(state)
 
 
 class CheckpointWriter:
