@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -27,9 +28,17 @@ JVM_FLAGS = ["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", 
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, below the kernel's ephemeral range (32768+ on Linux): a port
+    from that range (what binding port 0 gives) can be taken by any process's outgoing
+    connection before its new owner binds it (a Serve proxy failed to bind one in CI)."""
+    for port in random.sample(range(20000, 32768), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free loopback port in 20000-32767")
 
 
 def port_in_use(port: int) -> bool:

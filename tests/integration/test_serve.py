@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from dataclasses import replace
@@ -21,6 +20,7 @@ import torch
 from ray import serve
 
 from streamlearn.errors import ConfigError
+from streamlearn.kafka.broker import free_port
 from streamlearn.pipeline import load_pipeline
 from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig
@@ -39,12 +39,6 @@ EVENT = {"event_id": "e-1", "event_time": 1_700_000_000_000, "customer_id": "c-4
          "currency": "EUR", "merchant_category": "electronics", "merchant_country": "NL", "channel": "ecom",
          "card_present": False, "customer_age": 37, "account_tenure_days": 800, "is_fraud": False}
 TOKEN = "integration-test-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_checkpoint(run_dir: Path, version: int, *, auc: float = 0.8, scale: float = 1.0,
