@@ -109,6 +109,9 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
           bootstrap: str | None = BOOTSTRAP,
           topic: str = "transactions",
           workers: int = typer.Option(2, min=1),
+          ingest: str = typer.Option(TrainConfig.ingest, help="How events reach the workers: 'direct' (each rank "
+                                                              "reads Kafka) or 'ray-data' (a Ray Data pipeline "
+                                                              "reads, decodes and splits them)."),
           use_gpu: bool = typer.Option(False, help="NCCL on GPUs instead of gloo on CPUs."),
           cpus_per_worker: float = 0.5,
           batch_size: int = 256,
@@ -137,7 +140,7 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
     from streamlearn.autoscale.policy import ScalingPolicy
     from streamlearn.train.trainer import train as run_training
 
-    cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, use_gpu=use_gpu,
+    cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, ingest=ingest, use_gpu=use_gpu,
                       cpus_per_worker=cpus_per_worker, batch_size=batch_size, checkpoint_dir=checkpoint_dir,
                       checkpoint_every_s=checkpoint_every_s, checkpoint_every_steps=checkpoint_every_steps,
                       keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,

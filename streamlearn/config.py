@@ -84,6 +84,9 @@ class KafkaSettings(BaseSettings):
         return conf
 
 
+INGEST_MODES = ("direct", "ray-data")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """One continuous-training run. Defaults suit a 2-core laptop."""
@@ -93,6 +96,7 @@ class TrainConfig:
     dlq_topic: str = ""  # default: "<topic>.dlq"
     group_id: str = ""  # default: "streamlearn-<pipeline>"
     workers: int = 2
+    ingest: str = "direct"  # "direct": each rank reads Kafka itself; "ray-data": a Ray Data pipeline feeds the ranks
     use_gpu: bool = False
     cpus_per_worker: float = 0.5
     batch_size: int = 256
@@ -115,6 +119,7 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(message)
 
+        need(self.ingest in INGEST_MODES, f"ingest must be one of {', '.join(INGEST_MODES)}, got {self.ingest!r}")
         need(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
         need(self.cpus_per_worker > 0, "cpus_per_worker must be > 0 (fractions like 0.5 let workers share a core)")
         need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")

@@ -53,6 +53,18 @@ class WorkerStream:
         self.dead_letters = DeadLetters(settings, dlq_topic, topic)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"fetch-{rank}")
 
+    @property
+    def read_lanes(self) -> int:
+        return self.world  # each rank reads its own share of every window
+
+    def start(self, dlq_positions: dict[int, int]) -> None:
+        """After restore: remember the dead letters written past the checkpoint, to skip them."""
+        self.dead_letters.skip_written_since(dlq_positions)
+
+    def dlq_positions(self) -> dict[int, int]:
+        """At a checkpoint: where a replay's scan for already-written dead letters starts."""
+        return self.dead_letters.positions()
+
     def prefetch(self, window: Window) -> Future:
         return self._pool.submit(self.fetch, window)
 
@@ -65,7 +77,7 @@ class WorkerStream:
         with self.phases("decode", window=window.seq, messages=len(messages)):
             values = [m.value() for m in messages]
             events, kept, bad = self.pipeline.schema.decode_many(values)
-            x, y, kept, bad = self._featurize(events, kept, bad)
+            x, y, kept, bad = featurize(self.pipeline, events, kept, bad)
             crc32 = zlib.crc32
             crcs = np.fromiter((crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
             dead = [(Message(messages[i].partition(), messages[i].offset(), values[i]), reason)
@@ -79,25 +91,27 @@ class WorkerStream:
         for message, reason in batch.bad:
             self.dead_letters.send(message, reason)
 
-    def _featurize(self, events: list[dict], kept: list[int], bad: list[tuple[int, str]]):
-        """A pipeline that chokes on a valid event dead-letters that event, not the whole rank."""
-        features, targets = self.pipeline.features, self.pipeline.targets
-        try:
-            return features(events), targets(events), kept, bad
-        except Exception:
-            pass  # find the culprits one by one: rare, so the slow path is fine
-        good_events, good_kept, bad = [], [], list(bad)
-        for event, index in zip(events, kept, strict=True):
-            try:
-                features([event]), targets([event])
-            except Exception as e:
-                bad.append((index, f"featurize_error: {type(e).__name__}: {str(e)[:200]}"))
-                continue
-            good_events.append(event)
-            good_kept.append(index)
-        return features(good_events), targets(good_events), good_kept, bad
-
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.dead_letters.close()
         self.reader.close()
+
+
+def featurize(pipeline: Pipeline, events: list[dict], kept: list[int], bad: list[tuple[int, str]]):
+    """Features and targets of decoded events. A pipeline that chokes on a valid event
+    dead-letters that event, not the whole rank."""
+    features, targets = pipeline.features, pipeline.targets
+    try:
+        return features(events), targets(events), kept, bad
+    except Exception:
+        pass  # find the culprits one by one: rare, so the slow path is fine
+    good_events, good_kept, bad = [], [], list(bad)
+    for event, index in zip(events, kept, strict=True):
+        try:
+            features([event]), targets([event])
+        except Exception as e:
+            bad.append((index, f"featurize_error: {type(e).__name__}: {str(e)[:200]}"))
+            continue
+        good_events.append(event)
+        good_kept.append(index)
+    return features(good_events), targets(good_events), good_kept, bad

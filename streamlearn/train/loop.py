@@ -37,6 +37,7 @@ from streamlearn.train.prequential import SlidingWindow, summarize
 from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005
+Stream = WorkerStream  # or raydata_stream.RayDataStream (--ingest ray-data): the same methods
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -61,7 +62,7 @@ def train_loop_per_worker(config: dict) -> None:
     # All that is slow to start comes before a warm group's wait: Kafka clients, the model
     # wrapped for DDP (its first use imports much of torch.distributed), the optimizer (torch.optim's
     # first optimizer imports torch._dynamo: 3-4.5 s of one core here, measured).
-    stream = WorkerStream(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
+    stream = _stream_class(cfg)(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
     startup.mark("kafka_clients")
     model = ray.train.torch.prepare_model(pipeline.build_model())
     optimizer = pipeline.make_optimizer(model.parameters())
@@ -81,8 +82,8 @@ def train_loop_per_worker(config: dict) -> None:
             optimizer.load_state_dict(restored[1])
     lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
     startup.mark("restored")
-    stream.dead_letters.skip_written_since(lineage.dlq_positions)
-    startup.mark("dead_letters_scanned")
+    stream.start(lineage.dlq_positions)
+    startup.mark("stream_started")
     bind(version=lineage.version)
     coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller"),
                                config.get("consumed_at_start", 0)) if rank == 0 else None
@@ -190,7 +191,7 @@ def _steps(model, optimizer, pipeline, features, targets, crcs, chunks, totals, 
 
 
 def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
-         loss_sum: float, recent: SlidingWindow, stream: WorkerStream, writer: CheckpointWriter | None,
+         loss_sum: float, recent: SlidingWindow, stream: Stream, writer: CheckpointWriter | None,
          reporter: Reporter, phases: Phases, extra: dict | None = None) -> None:
     """All ranks: flush dead letters, sum counters, gather metric windows. Rank 0 snapshots the
     model and hands it to the writer, which publishes, commits offsets and prunes behind training."""
@@ -213,7 +214,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     targets = np.concatenate([w[1] for w in windows])
     metrics["online"] = summarize(pipeline.task, scores, targets)
     with phases("checkpoint.dead_letter_positions"):
-        lineage.dlq_positions = stream.dead_letters.positions()
+        lineage.dlq_positions = stream.dlq_positions()
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
             "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
     version, totals = lineage.version, dict(vars(lineage.totals))
@@ -260,6 +261,14 @@ class Startup:
         return dict(self.marks)
 
 
+def _stream_class(cfg: TrainConfig):
+    if cfg.ingest == "ray-data":
+        from streamlearn.ingest.raydata_stream import RayDataStream  # Ray Data's import is seconds: only when used
+
+        return RayDataStream
+    return WorkerStream
+
+
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if hasattr(model, "module") else model
 
@@ -286,7 +295,7 @@ def _run_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.checkpoint_dir) / cfg.run_name
 
 
-def _lineage(cfg: TrainConfig, stream: WorkerStream, restored) -> Lineage:
+def _lineage(cfg: TrainConfig, stream: Stream, restored) -> Lineage:
     """Rank 0: continue the checkpoint's lineage, or start one at the topic's oldest events."""
     if restored:
         lineage = Lineage.from_meta(restored[2])
@@ -299,12 +308,12 @@ def _lineage(cfg: TrainConfig, stream: WorkerStream, restored) -> Lineage:
     return lineage
 
 
-def _coordinator(cfg: TrainConfig, stream: WorkerStream, lineage: Lineage, world: int, controller,
+def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int, controller,
                  consumed_at_start: int) -> Coordinator:
     # --max-events bounds the whole run, not each group: take off what earlier groups consumed.
     consumed = lineage.totals.learned + lineage.totals.dead_lettered - consumed_at_start
     budget = None if cfg.max_events is None else max(0, cfg.max_events - consumed)
-    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget, world=world)
+    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget, world=stream.read_lanes)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
                        world=world, controller=controller)
 

@@ -13,7 +13,7 @@ import pytest
 from load.generator import run_load
 from streamlearn.train.trainer import run_dir, train
 
-from .test_training import assert_exactly_once, config
+from .test_training import INGESTS, assert_exactly_once, config
 
 CASES = {
     # The checkpoint is durable, the group's offsets are not committed: the restart must resume
@@ -30,11 +30,13 @@ CASES = {
 
 
 @pytest.mark.timeout(600)
+@INGESTS
 @pytest.mark.parametrize("fault", list(CASES), ids=list(CASES.values()))
-def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault):
+def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault,
+                                            ingest):
     run_load(kafka.bootstrap, topic, partitions=4, count=16_000, bad_fraction=0.03, seed=31)
     cfg = config(tmp_path, topic, window_events=1000, checkpoint_every_steps=8, checkpoint_every_s=3600.0,
-                 until_idle_s=3.0, max_failures=2)
+                 until_idle_s=3.0, max_failures=2, ingest=ingest)
     monkeypatch.setenv("STREAMLEARN_FAULT", fault)
     summary = train(cfg, kafka_settings)
     fired = run_dir(cfg) / ".faults" / fault.replace("@", "-").replace("#", "-")

@@ -20,7 +20,7 @@ from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .streams import expected_learning, read_topic
-from .test_training import assert_exactly_once, config
+from .test_training import INGESTS, assert_exactly_once, config
 
 BAD_FRACTION = 0.45
 
@@ -66,9 +66,10 @@ def read_dead_letters(settings: KafkaSettings, topic: str) -> list[tuple[bytes, 
     return out
 
 
+@INGESTS
 def test_training_learns_every_valid_event_once_through_10k_malformed(kafka, kafka_settings, ray_cluster, topic,
-                                                                       tmp_path):
-    cfg = config(tmp_path, topic, until_idle_s=6.0, window_events=4000, checkpoint_every_steps=40)
+                                                                       tmp_path, ingest):
+    cfg = config(tmp_path, topic, until_idle_s=6.0, window_events=4000, checkpoint_every_steps=40, ingest=ingest)
     produced: dict = {}
 
     def produce():

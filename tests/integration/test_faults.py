@@ -31,7 +31,7 @@ from streamlearn.kafka.broker import EmbeddedKafka, free_port
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
-from .test_training import assert_exactly_once, config, train_workers
+from .test_training import INGESTS, assert_exactly_once, config, train_workers
 
 pytestmark = pytest.mark.integration
 
@@ -162,9 +162,10 @@ def assert_history_in_order(cfg: TrainConfig) -> None:
 # ---- a) Ray Train workers SIGKILLed twice, a stream pause, a resumed run ----------------
 
 @pytest.mark.timeout(900)  # three worker-group starts; each takes a minute or more on a loaded 2-core machine
+@INGESTS
 def test_training_survives_two_worker_kills_a_pause_and_a_restart(kafka, kafka_settings, ray_cluster, topic,
-                                                                   tmp_path):
-    cfg = config(tmp_path, topic)
+                                                                   tmp_path, ingest):
+    cfg = config(tmp_path, topic, ingest=ingest)
     load, training = Producing(kafka.bootstrap, topic), Training(cfg, kafka_settings)
     load.start()
     training.start()
@@ -200,7 +201,7 @@ def test_training_survives_two_worker_kills_a_pause_and_a_restart(kafka, kafka_s
 
     # Resume: produce more, train again: only the new events are learned, the lineage goes on.
     run_load(kafka.bootstrap, topic, partitions=4, count=5_000, bad_fraction=0.02, seed=3)
-    again = train(config(tmp_path, topic, until_idle_s=3.0), kafka_settings)
+    again = train(config(tmp_path, topic, until_idle_s=3.0, ingest=ingest), kafka_settings)
     assert again["events_learned"] == 4_900 and again["dead_lettered"] == 100
     assert again["lineage_learned"] == meta["counters"]["learned"] + 4_900
     assert_exactly_once(kafka_settings, cfg)
@@ -241,7 +242,8 @@ def kill_a_replica_and_wait_for_its_replacement(ray_cluster, app: str) -> tuple[
 
 
 @pytest.mark.timeout(900)
-def test_scoring_and_training_through_a_replica_kill_and_a_broker_outage(ray_cluster, tmp_path):
+@INGESTS
+def test_scoring_and_training_through_a_replica_kill_and_a_broker_outage(ray_cluster, tmp_path, ingest):
     from ray import serve
 
     from streamlearn.serve.app import deploy
@@ -257,7 +259,7 @@ def test_scoring_and_training_through_a_replica_kill_and_a_broker_outage(ray_clu
         # time blocked through it (a checkpoint's offset commit waits for the broker) is not
         # idle time. CI caught a run that stopped the moment the broker came back, leaving the
         # events produced after it to the next run.
-        cfg = config(tmp_path, topic, until_idle_s=15.0)
+        cfg = config(tmp_path, topic, until_idle_s=15.0, ingest=ingest)
         outage_s = max(3 * cfg.checkpoint_every_s, cfg.until_idle_s + 5)
         load, training = Producing(broker.bootstrap, topic), Training(cfg, settings)
         scfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=cfg.pipeline,
@@ -355,15 +357,17 @@ def wait_job(address: str, job_id: str, states: set[str], timeout: float) -> str
 
 
 @pytest.mark.timeout(900)
-def test_stopped_job_resubmitted_resumes_from_its_checkpoint(kafka, kafka_settings, ray_cluster, topic, tmp_path):
+@INGESTS
+def test_stopped_job_resubmitted_resumes_from_its_checkpoint(kafka, kafka_settings, ray_cluster, topic, tmp_path,
+                                                             ingest):
     from ray.job_submission import JobSubmissionClient
 
     address = f"http://{ray_cluster.dashboard_url}"
-    cfg = config(tmp_path, topic)  # what the job's CLI flags below amount to
+    cfg = config(tmp_path, topic, ingest=ingest)  # what the job's CLI flags below amount to
     entrypoint = [sys.executable, "-m", "streamlearn.cli", "train", "--bootstrap", kafka.bootstrap, "--topic", topic,
                   "--workers", "2", "--batch-size", str(cfg.batch_size), "--checkpoint-dir", cfg.checkpoint_dir,
                   "--run-name", cfg.run_name, "--checkpoint-every-s", str(cfg.checkpoint_every_s),
-                  "--checkpoint-every-steps", str(cfg.checkpoint_every_steps)]
+                  "--checkpoint-every-steps", str(cfg.checkpoint_every_steps), "--ingest", ingest]
     load = Producing(kafka.bootstrap, topic)
     load.start()
     try:

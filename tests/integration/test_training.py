@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from load.generator import run_load
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.admin import committed_offsets, end_offsets
@@ -11,6 +13,10 @@ from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .streams import dead_letter_keys, expected_learning, read_topic
+
+# The exactly-once tests run once per ingest mode: each rank reading Kafka itself, and Ray Data
+# reading, decoding and splitting the stream (streamlearn/ingest/raydata_*.py).
+INGESTS = pytest.mark.parametrize("ingest", ["direct", "ray-data"])
 
 
 def config(tmp_path, topic, **overrides) -> TrainConfig:

@@ -1,0 +1,184 @@
+"""The Ray Data side of `--ingest ray-data`: one long-lived Dataset that reads the planner's
+windows from Kafka, decodes and dead-letters on Ray Data workers, and streams to the ranks.
+
+Ray Data 2.60 has no unbounded source, and one Dataset per window costs seconds per window
+(docs/DECISIONS.md §1). So the Dataset is built once per worker group and never ends until
+the run does: its read tasks are *lanes*, each a generator that takes window after window
+from a `WindowFeed` actor (rank 0 puts each planned window there) and reads its share of the
+window's offsets with the same long-lived `RangeReader` as the direct path. The decode stage
+(an actor pool in `map_batches`) parses, validates, featurizes and dead-letters; the ranks
+receive decoded windows through `streaming_split(equal=False)`, in whatever order and on
+whatever rank Ray Data hands them out.
+
+One window slice travels as ONE row (its messages as list columns on the way in, its
+feature matrix as bytes on the way out). Ray Data's read operator buffers a generator's
+output until a block exceeds `target_max_block_size` (128 MiB by default): a stream's small
+windows would never leave the read task. With the target at one byte every yielded row is a
+block of its own, and since a row is a whole slice nothing is ever cut smaller than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from streamlearn.config import KafkaSettings
+from streamlearn.ingest.deadletter import DeadLetters
+from streamlearn.ingest.reader import Message, RangeReader
+from streamlearn.ingest.windows import Window
+from streamlearn.pipeline import load_pipeline
+
+# Read lanes hold a Kafka consumer each and mostly wait on the network; decode actors parse
+# JSON. On two cores both must leave the trainers their share: fractions, never Ray's 1 CPU.
+LANE_CPUS = 0.1
+DECODE_CPUS = 0.25
+KEEP_WINDOWS = 8  # the feed keeps this many recent windows; lanes are never more than one behind
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
+class WindowFeed:
+    """Rank 0 puts each planned window; every lane takes them in order (async: many waiters)."""
+
+    def __init__(self):
+        self._windows: dict[int, Window] = {}
+        self._changed = asyncio.Condition()
+
+    async def put(self, window: Window) -> None:
+        async with self._changed:
+            self._windows[window.seq] = window
+            for seq in [s for s in self._windows if s <= window.seq - KEEP_WINDOWS]:
+                del self._windows[seq]
+            self._changed.notify_all()
+
+    async def next(self, after: int | None, timeout_s: float = 1.0) -> Window | None:
+        """The window after seq `after` (the first one fed, for None); None if none came in time."""
+        def ready() -> Window | None:
+            if after is None:
+                return self._windows[min(self._windows)] if self._windows else None
+            return self._windows.get(after + 1)
+
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: ready() is not None), timeout_s)
+            except TimeoutError:
+                return None
+            return ready()
+
+
+def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int):
+    """One lane, for the life of the Dataset: a generator of one-row Arrow tables, one per window
+    slice that has events. It ends after the window that stops the run."""
+    reader = RangeReader(settings, topic, group_id)
+    seq = None
+    try:
+        while True:
+            window = ray.get(feed.next.remote(seq))
+            if window is None:
+                continue
+            seq = window.seq
+            ranges = window.slice_for(lane, lanes)  # the planner plans for `lanes` readers
+            if ranges:
+                started = time.perf_counter()
+                messages = reader.read_raw(ranges)
+                yield pa.table({
+                    "window": [seq], "lane": [lane],
+                    "partition": pa.array([[m.partition() for m in messages]], pa.list_(pa.int32())),
+                    "offset": pa.array([[m.offset() for m in messages]], pa.list_(pa.int64())),
+                    "value": pa.array([[m.value() for m in messages]], pa.list_(pa.binary())),
+                    "read_s": [time.perf_counter() - started],
+                })
+            if window.stop:
+                return
+    finally:
+        reader.close()
+
+
+class KafkaWindows(ray.data.Datasource):
+    """`lanes` read tasks, each `read_lane` over its share of every window the feed hands out."""
+
+    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, feed, lanes: int):
+        self._args = (settings, topic, group_id, feed)
+        self.lanes = lanes
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None  # unbounded
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context=None) -> list[ray.data.ReadTask]:
+        from ray.data.block import BlockMetadata
+
+        settings, topic, group_id, feed = self._args
+
+        def task(lane: int):
+            return lambda: read_lane(settings, topic, group_id, feed, lane, self.lanes)
+
+        meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
+        return [ray.data.ReadTask(task(lane), meta) for lane in range(self.lanes)]
+
+
+class Decode:
+    """The decode stage (one actor of a pool): parse, validate, featurize, fingerprint, and send
+    each bad event to the dead-letter topic. A slice's dead letters are flushed before its rows
+    go on, so every dead letter of a window is durable before any checkpoint can claim it; keys
+    already written before a crash (`already`) are not written again."""
+
+    def __init__(self, pipeline: str, settings: KafkaSettings, dlq_topic: str, topic: str, already: set[bytes],
+                 flush_timeout_s: float = 300.0):
+        from streamlearn.ingest.stream import featurize
+
+        self.pipeline, self._featurize = load_pipeline(pipeline), featurize
+        self.dead_letters = DeadLetters(settings, dlq_topic, topic)
+        self.dead_letters.skip(already)
+        self.flush_timeout_s = flush_timeout_s
+
+    def __call__(self, slices: pa.Table) -> pa.Table:
+        out: dict[str, list] = {name: [] for name in DECODED.names}
+        for row in slices.to_pylist():
+            started = time.perf_counter()
+            values = row["value"]
+            events, kept, bad = self.pipeline.schema.decode_many(values)
+            x, y, kept, bad = self._featurize(self.pipeline, events, kept, bad)
+            crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
+            bad = sorted(bad)
+            for i, reason in bad:
+                self.dead_letters.send(Message(row["partition"][i], row["offset"][i], values[i]), reason)
+            if bad:
+                self.dead_letters.flush(self.flush_timeout_s)
+            x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+            decoded = {"window": row["window"], "rows": len(values), "x": x.tobytes(), "x_dtype": x.dtype.str,
+                       "y": y.tobytes(), "y_dtype": y.dtype.str, "crc": crcs.tobytes(),
+                       "bad_partition": [row["partition"][i] for i, _ in bad],
+                       "bad_offset": [row["offset"][i] for i, _ in bad], "bad_reason": [r for _, r in bad],
+                       "read_s": row["read_s"], "decode_s": time.perf_counter() - started}
+            for name, value in decoded.items():
+                out[name].append(value)
+        return pa.table(out, schema=DECODED)
+
+
+# One decoded window slice: its matrices as raw bytes (the rank rebuilds them with np.frombuffer;
+# Arrow tensor columns cost a conversion each way), its dead letters by coordinates and reason.
+DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.large_binary()),
+                     ("x_dtype", pa.string()), ("y", pa.large_binary()), ("y_dtype", pa.string()),
+                     ("crc", pa.large_binary()), ("bad_partition", pa.list_(pa.int32())),
+                     ("bad_offset", pa.list_(pa.int64())), ("bad_reason", pa.list_(pa.string())),
+                     ("read_s", pa.float64()), ("decode_s", pa.float64())])
+
+
+def build(settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: str, feed, lanes: int,
+          decoders: int, already: set[bytes]) -> ray.data.Dataset:
+    """The Dataset of decoded window slices. Built on rank 0 once per group; lazy until iterated."""
+    ctx = ray.data.DataContext.get_current()
+    ctx.target_max_block_size = 1  # one row (a whole window slice) per block: see the module docstring
+    ctx.enable_progress_bars = False  # worker logs are not a terminal; the dashboard's Data view shows progress
+    source = KafkaWindows(settings, topic, group_id, feed, lanes)
+    ds = ray.data.read_datasource(source, override_num_blocks=lanes, num_cpus=LANE_CPUS,
+                                  compute=ray.data.TaskPoolStrategy(size=lanes))
+    return ds.map_batches(Decode, batch_size=None, batch_format="pyarrow",
+                          compute=ray.data.ActorPoolStrategy(size=decoders), num_cpus=DECODE_CPUS,
+                          fn_constructor_kwargs={"pipeline": pipeline, "settings": settings, "dlq_topic": dlq_topic,
+                                                 "topic": topic, "already": already})

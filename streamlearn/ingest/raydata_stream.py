@@ -1,0 +1,201 @@
+"""One rank's view of the stream with `--ingest ray-data`: decoded window slices from Ray Data.
+
+Rank 0 builds the group's Dataset (raydata_source.py) once it knows where the lineage
+stands, splits it `streaming_split(world, equal=False)` and hands each rank its iterator;
+a thread per rank pulls decoded slices into a local queue. Slices of one window land on any
+rank, so no rank can tell from its own rows that a window is complete. Completion is a
+count across ranks: every rank polls its queue and joins a small allreduce of the rows it
+holds for the window until the sum equals the window's offsets (valid and dead-lettered).
+Slices of later windows wait in a stash, untouched: a checkpoint claims exactly the windows
+learned, never a row beyond them.
+
+Dead letters are written by the decode stage, ahead of training. So the dead-letter
+positions a checkpoint records are taken before the window after it is fed to Ray Data
+(`dlq_positions`): a replay's scan for already-written keys then starts early enough to
+see every dead letter written for the windows it replays.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+
+from streamlearn.config import KafkaSettings
+from streamlearn.errors import StreamlearnError
+from streamlearn.ingest import raydata_source as source
+from streamlearn.ingest.deadletter import DeadLetters
+from streamlearn.ingest.reader import Message, RangeReader
+from streamlearn.ingest.stream import Batch, featurize
+from streamlearn.ingest.windows import Window
+from streamlearn.pipeline import Pipeline
+from streamlearn.train.coordinator import broadcast
+from streamlearn.train.phases import Phases
+
+LANES = 2  # read tasks (Kafka consumers) in the Dataset; each reads whole partitions of every window
+DECODERS = 2  # decode actors: JSON parsing is the stage's CPU cost
+POLL_S = 0.005  # how long a rank waits for a slice before the next completion count
+_END = object()
+
+
+class IngestError(StreamlearnError):
+    """The Ray Data stream broke the window contract (ended early, or more rows than offsets)."""
+
+
+class RayDataStream:
+    read_lanes = LANES  # the planner cuts windows for the lanes, not the ranks
+
+    def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
+                 rank: int, world: int, phases: Phases | None = None):
+        self.settings, self.topic, self.dlq_topic, self.group_id = settings, topic, dlq_topic, group_id
+        self.pipeline, self.rank, self.world = pipeline, rank, world
+        self.phases = phases or Phases(rank)
+        # Rank 0 plans, commits and scans the dead-letter topic; the other ranks only receive.
+        self.reader = RangeReader(settings, topic, group_id) if rank == 0 else None
+        self.dead_letters = DeadLetters(settings, dlq_topic, topic)
+        x0, y0, _, _ = featurize(pipeline, [], [], [])  # the empty shapes, for a rank that gets no slice
+        self._empty = (np.asarray(x0), np.asarray(y0))
+        self._queue: queue.Queue = queue.Queue()
+        self._stash: dict[int, list[dict]] = {}
+        self._ended = False
+        self._feed = None
+        self._fed: Window | None = None
+        self._floors: dict[int, dict[int, int]] = {}
+        self._collected: int | None = None
+        self.stats = {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
+
+    def start(self, dlq_positions: dict[int, int]) -> None:
+        """After restore: rank 0 builds the Dataset for this lineage and every rank starts pulling."""
+        iterators = None
+        if self.rank == 0:
+            self.dead_letters.skip_written_since(dlq_positions)
+            self._feed = source.WindowFeed.remote()
+            ds = source.build(self.settings, self.topic, self.dlq_topic, self.group_id, self.pipeline.name,
+                              self._feed, LANES, DECODERS, self.dead_letters.already)
+            iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
+        iterator = broadcast(iterators, self.rank)[self.rank]
+        threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
+
+    def _pump(self, iterator) -> None:
+        try:
+            # No prefetch window: with one, Ray Data holds a block back until the window fills, and
+            # a rank that gets one slice of the last window fed would wait for a slice never coming.
+            for table in iterator.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
+                self._queue.put(table)
+        except BaseException as e:  # handed to the training thread, which raises it
+            self._queue.put(e)
+        else:
+            self._queue.put(_END)
+
+    def prefetch(self, window: Window) -> _Pending:
+        """Rank 0 feeds the window to the Dataset's lanes; every rank collects it later."""
+        if self.rank == 0:
+            if self._fed is not None and self._fed.checkpoint:
+                self._floors[self._fed.seq] = self.dead_letters.positions()
+            self._feed.put.remote(window)  # calls from one caller reach the actor in order
+            self._fed = window
+        return _Pending(self, window)
+
+    def collect(self, window: Window) -> Batch:
+        started = time.perf_counter()
+        with self.phases("fetch", window=window.seq):
+            rows = self._rows_of(window)
+        with self.phases("decode", window=window.seq, slices=len(rows)):
+            batch = self._batch(window, rows)
+        batch.read_s = time.perf_counter() - started
+        self._collected = window.seq
+        return batch
+
+    def _rows_of(self, window: Window) -> list[dict]:
+        """This rank's slices of `window`, once all ranks together hold every one of its offsets."""
+        mine = self._stash.pop(window.seq, [])
+        held = sum(r["rows"] for r in mine)
+        while True:
+            total = _sum_across_ranks(held) if self.world > 1 else held
+            if total == window.size:
+                return mine
+            if total > window.size:
+                raise IngestError(f"window {window.seq}: {total} rows arrived for {window.size} offsets")
+            for row in self._take(POLL_S if self.world > 1 else 1.0):
+                if row["window"] == window.seq:
+                    mine.append(row)
+                    held += row["rows"]
+                elif row["window"] > window.seq:
+                    self._stash.setdefault(row["window"], []).append(row)
+                else:
+                    raise IngestError(f"a slice of window {row['window']} arrived after it was learned")
+
+    def _take(self, timeout: float) -> list[dict]:
+        if self._ended:
+            raise IngestError("the Ray Data stream ended before the run's last window")
+        try:
+            items = [self._queue.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        rows = []
+        for item in items:
+            if item is _END:
+                self._ended = True
+            elif isinstance(item, BaseException):
+                raise IngestError(f"Ray Data stream failed: {type(item).__name__}: {str(item)[:500]}") from item
+            else:
+                rows.extend(item.to_pylist())
+        return rows
+
+    def _batch(self, window: Window, rows: list[dict]) -> Batch:
+        x0, y0 = self._empty
+        xs, ys, crcs, bad = [x0], [y0], [np.empty(0, np.uint32)], []
+        for r in rows:
+            y = np.frombuffer(r["y"], dtype=r["y_dtype"])
+            xs.append(np.frombuffer(r["x"], dtype=r["x_dtype"]).reshape(len(y), *x0.shape[1:]))
+            ys.append(y)
+            crcs.append(np.frombuffer(r["crc"], dtype=np.uint32))
+            bad.extend((Message(p, o, None), reason)
+                       for p, o, reason in zip(r["bad_partition"], r["bad_offset"], r["bad_reason"], strict=True))
+            self.stats["read_s"] += r["read_s"]
+            self.stats["decode_s"] += r["decode_s"]
+            self.stats["slices"] += 1
+        # Copies: frombuffer views are read-only, and torch wants writable arrays.
+        return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad)
+
+    def dead_letter(self, batch: Batch) -> None:
+        """Nothing to send: the decode stage wrote this window's dead letters before its rows came."""
+
+    def dlq_positions(self) -> dict[int, int]:
+        """Rank 0, at a checkpoint: the dead-letter topic's end before any later window was decoded."""
+        floor = self._floors.pop(self._collected, None) if self._collected is not None else None
+        self._floors = {seq: f for seq, f in self._floors.items() if seq > (self._collected or -1)}
+        return floor if floor is not None else self.dead_letters.positions()
+
+    def close(self) -> None:
+        if self._feed is not None:
+            ray.kill(self._feed)  # the lanes' next ask fails and the Dataset ends with the group
+        self.dead_letters.close()
+        if self.reader is not None:
+            self.reader.close()
+
+
+class _Pending:
+    """What `prefetch` returns: `result()` collects the window (a collective: every rank calls it)."""
+
+    def __init__(self, stream: RayDataStream, window: Window):
+        self.stream, self.window = stream, window
+
+    def result(self) -> Batch:
+        return self.stream.collect(self.window)
+
+
+def _sum_across_ranks(n: int) -> int:
+    value = torch.tensor([n], dtype=torch.int64)
+    dist.all_reduce(value)
+    return int(value.item())
