@@ -271,7 +271,8 @@ class ScaleController:
                 "min_workers": self.policy.min_workers, "max_workers": self.policy.max_workers,
                 "checkpoint": None if meta is None else {
                     "version": meta["version"], "written_at": meta.get("written_at"),
-                    "online": meta.get("metrics", {}).get("online", {})},
+                    "online": meta.get("metrics", {}).get("online", {}),
+                    "ingest": meta.get("metrics", {}).get("ingest", {})},
                 "resizing": self.resizer.state(), "resizes": list(self.resizes)}
 
     def _provision(self, workers: int) -> None:

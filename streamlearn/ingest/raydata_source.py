@@ -170,7 +170,7 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
 
 
 def build(settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: str, feed, lanes: int,
-          decoders: int, already: set[bytes]) -> ray.data.Dataset:
+          decoders: int, already: set[bytes], name: str) -> ray.data.Dataset:
     """The Dataset of decoded window slices. Built on rank 0 once per group; lazy until iterated."""
     ctx = ray.data.DataContext.get_current()
     ctx.target_max_block_size = 1  # one row (a whole window slice) per block: see the module docstring
@@ -178,6 +178,7 @@ def build(settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pi
     source = KafkaWindows(settings, topic, group_id, feed, lanes)
     ds = ray.data.read_datasource(source, override_num_blocks=lanes, num_cpus=LANE_CPUS,
                                   compute=ray.data.TaskPoolStrategy(size=lanes))
+    ds.set_name(name)  # what the dashboard's Data view and `streamlearn status` call it
     return ds.map_batches(Decode, batch_size=None, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(size=decoders), num_cpus=DECODE_CPUS,
                           fn_constructor_kwargs={"pipeline": pipeline, "settings": settings, "dlq_topic": dlq_topic,

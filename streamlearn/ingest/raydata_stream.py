@@ -68,6 +68,7 @@ class RayDataStream:
         self._floors: dict[int, dict[int, int]] = {}
         self._collected: int | None = None
         self.stats = {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
+        self.dataset_name = f"streamlearn-{group_id}"
 
     def start(self, dlq_positions: dict[int, int]) -> None:
         """After restore: rank 0 builds the Dataset for this lineage and every rank starts pulling."""
@@ -76,7 +77,7 @@ class RayDataStream:
             self.dead_letters.skip_written_since(dlq_positions)
             self._feed = source.WindowFeed.remote()
             ds = source.build(self.settings, self.topic, self.dlq_topic, self.group_id, self.pipeline.name,
-                              self._feed, LANES, DECODERS, self.dead_letters.already)
+                              self._feed, LANES, DECODERS, self.dead_letters.already, self.dataset_name)
             iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
         iterator = broadcast(iterators, self.rank)[self.rank]
         threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
@@ -167,6 +168,13 @@ class RayDataStream:
             self.stats["slices"] += 1
         # Copies: frombuffer views are read-only, and torch wants writable arrays.
         return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad)
+
+    def ingest_stats(self) -> dict:
+        """Since the last checkpoint, for its metrics and `streamlearn status`: the Ray Data stage's
+        work on the slices this rank learned (read in the lanes, parse + featurize in the actors)."""
+        stats, self.stats = self.stats, {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
+        return {"mode": "ray-data", "dataset": self.dataset_name, "lanes": LANES, "decoders": DECODERS,
+                **{k: round(v, 3) for k, v in stats.items()}}
 
     def dead_letter(self, batch: Batch) -> None:
         """Nothing to send: the decode stage wrote this window's dead letters before its rows came."""

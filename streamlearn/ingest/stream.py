@@ -65,6 +65,9 @@ class WorkerStream:
         """At a checkpoint: where a replay's scan for already-written dead letters starts."""
         return self.dead_letters.positions()
 
+    def ingest_stats(self) -> dict:
+        return {"mode": "direct"}
+
     def prefetch(self, window: Window) -> Future:
         return self._pool.submit(self.fetch, window)
 

@@ -84,6 +84,8 @@ def _training(snap: dict | None, now: float, problem: str | None) -> Table:
     if cp:
         table.add_row("checkpoint", f"v{cp.get('version', '?')}, written {_age(now, cp.get('written_at'))} ago")
         table.add_row("online metric", _metric(cp.get("online")))
+        if cp.get("ingest"):
+            table.add_row("ingest", _ingest(cp["ingest"]))
     else:
         table.add_row("checkpoint", "none yet")
     going = snap.get("resizing")
@@ -156,6 +158,15 @@ def _metric(online: Any) -> str:
     if isinstance(online.get("n"), int | float):
         parts.append(f"(last {_int(online['n'])} events)")
     return "  ".join(parts) or "n/a"
+
+
+def _ingest(ingest: dict) -> str:
+    if ingest.get("mode") != "ray-data":
+        return str(ingest.get("mode", "?"))
+    return (f"ray-data: dataset {ingest.get('dataset', '?')} (Ray dashboard → Data), {ingest.get('lanes')} read "
+            f"lanes, {ingest.get('decoders')} decoders; rank 0's last checkpoint interval: "
+            f"{_int(ingest.get('slices'))} slices, read {_num(ingest.get('read_s'), 2)} s, "
+            f"decode {_num(ingest.get('decode_s'), 2)} s")
 
 
 def _partitions(by_partition: Any) -> str:

@@ -213,6 +213,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     scores = np.concatenate([w[0] for w in windows])
     targets = np.concatenate([w[1] for w in windows])
     metrics["online"] = summarize(pipeline.task, scores, targets)
+    metrics["ingest"] = stream.ingest_stats()
     with phases("checkpoint.dead_letter_positions"):
         lineage.dlq_positions = stream.dlq_positions()
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),

@@ -47,6 +47,15 @@ def test_status_shows_a_resize_under_way_and_the_kind_of_the_last():
     assert "warm, paused 1.4 s" in flat
 
 
+def test_status_names_the_ray_data_pipeline_and_its_work():
+    ingest = {"mode": "ray-data", "dataset": "streamlearn-streamlearn-fraud", "lanes": 2, "decoders": 2,
+              "slices": 40, "read_s": 0.31, "decode_s": 2.5}
+    snapshot = SNAPSHOT | {"checkpoint": {**SNAPSHOT["checkpoint"], "ingest": ingest}}
+    flat = " ".join(render_text(snapshot, MODEL, now=NOW).split())
+    assert "ray-data: dataset streamlearn-streamlearn-fraud (Ray dashboard → Data), 2 read lanes" in flat, flat
+    assert "40 slices, read 0.31 s, decode 2.50 s" in flat, flat
+
+
 def test_status_without_any_source_says_unavailable_with_hints():
     problems = {"controller": "no Ray cluster at --address auto; start one with `make demo`",
                 "scorer": "no scorer answers at http://127.0.0.1:8000; start one with `streamlearn serve up`"}

@@ -1,0 +1,60 @@
+"""A warm resize up and back down with `--ingest ray-data`, exactly once across both.
+
+The autoscale test (test_autoscale.py) proves the nodes follow the workers on an autoscaling
+cluster with the direct ingest. Here the resize itself is under test with Ray Data on the path:
+each group builds its own Dataset, the old group's ends with its last (stop) window, the new one
+restores that checkpoint and starts its Dataset where it ended. On the session cluster (4
+logical CPUs): two groups and their Datasets fit side by side, so both resizes are warm.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from load.generator import run_load
+from load.profiles import parse_profile
+from streamlearn.autoscale.policy import ScalingPolicy
+from streamlearn.train.trainer import run_dir, train
+
+from .test_autoscale import _rows
+from .test_training import assert_exactly_once, config
+
+
+@pytest.mark.timeout(900)
+def test_warm_resizes_with_ray_data_learn_every_event_once(kafka, kafka_settings, ray_cluster, topic, tmp_path):
+    # HeavyFraud learns ~11k events/s per worker here: a 150k burst is more than one worker drains
+    # in --target-drain, so the policy asks for a second, and the trickle after it lets it go.
+    cfg = config(tmp_path, topic, pipeline="tests.integration.models:HeavyFraud", ingest="ray-data", workers=1,
+                 until_idle_s=8.0, checkpoint_every_s=2.0, checkpoint_every_steps=200, window_events=8192,
+                 batch_size=256)
+    policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=8, target_drain_s=10,
+                           capacity_floor=2000, normal_lag_s=cfg.checkpoint_every_s, warm_wait_s=240)
+    stop = threading.Event()
+
+    def produce():
+        run_load(kafka.bootstrap, topic, partitions=4, count=150_000, bad_fraction=0.01, seed=41, progress=False)
+        seed = 42
+        # A trickle until both resizes are done; then silence, and --until-idle ends the run.
+        while not stop.is_set() and not any(r["to"] == 1 for r in _rows(run_dir(cfg) / "resizes.jsonl")):
+            run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:300"), duration=3,
+                     seed=seed, bad_fraction=0.01, progress=False)
+            seed += 1
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        summary = train(cfg, kafka_settings, scaling=policy)
+    finally:
+        stop.set()
+        producer.join(timeout=60)
+
+    resizes = _rows(run_dir(cfg) / "resizes.jsonl")
+    print("resizes", json.dumps(resizes))
+    assert [(r["from"], r["to"]) for r in resizes][:2] == [(1, 2), (2, 1)], resizes
+    assert any(r["workers"] == 2 for r in _rows(run_dir(cfg) / "history.jsonl")), "no checkpoint from 2 workers"
+    meta = assert_exactly_once(kafka_settings, cfg)
+    assert meta["metrics"]["ingest"]["mode"] == "ray-data"
+    assert summary["lineage_learned"] == meta["counters"]["learned"]
