@@ -31,7 +31,7 @@ from streamlearn.config import KafkaSettings
 from streamlearn.ingest.deadletter import DeadLetters
 from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.windows import Window
-from streamlearn.pipeline import load_pipeline
+from streamlearn.pipeline import Pipeline
 
 # Read lanes hold a Kafka consumer each and mostly wait on the network; decode actors parse
 # JSON. On two cores both must leave the trainers their share: fractions, never Ray's 1 CPU.
@@ -47,6 +47,14 @@ class WindowFeed:
     def __init__(self):
         self._windows: dict[int, Window] = {}
         self._changed = asyncio.Condition()
+        self._already: set[bytes] | None = None
+
+    def set_already(self, keys: set[bytes]) -> None:
+        """Dead-letter keys written past the checkpoint: set by rank 0 before the first window."""
+        self._already = keys
+
+    def already(self) -> set[bytes]:
+        return self._already or set()
 
     async def put(self, window: Window) -> None:
         async with self._changed:
@@ -127,16 +135,25 @@ class Decode:
     go on, so every dead letter of a window is durable before any checkpoint can claim it; keys
     already written before a crash (`already`) are not written again."""
 
-    def __init__(self, pipeline: str, settings: KafkaSettings, dlq_topic: str, topic: str, already: set[bytes],
+    def __init__(self, pipeline: Pipeline, settings: KafkaSettings, dlq_topic: str, topic: str, feed,
                  flush_timeout_s: float = 300.0):
         from streamlearn.ingest.stream import featurize
 
-        self.pipeline, self._featurize = load_pipeline(pipeline), featurize
+        self.pipeline, self._featurize = pipeline, featurize
         self.dead_letters = DeadLetters(settings, dlq_topic, topic)
-        self.dead_letters.skip(already)
         self.flush_timeout_s = flush_timeout_s
+        self._feed, self._skipping = feed, False
+
+    def _skip_already_written(self) -> None:
+        # Asked at the first slice, not at start: the Dataset starts before the lineage is
+        # restored (its workers' start-up overlaps the trainers'), and rank 0 sets the keys
+        # before it feeds the first window, so any slice here comes after them.
+        if not self._skipping:
+            self.dead_letters.skip(ray.get(self._feed.already.remote()))
+            self._skipping = True
 
     def __call__(self, slices: pa.Table) -> pa.Table:
+        self._skip_already_written()
         out: dict[str, list] = {name: [] for name in DECODED.names}
         for row in slices.to_pylist():
             started = time.perf_counter()
@@ -169,9 +186,9 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 
-def build(settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: str, feed, lanes: int,
-          decoders: int, already: set[bytes], name: str) -> ray.data.Dataset:
-    """The Dataset of decoded window slices. Built on rank 0 once per group; lazy until iterated."""
+def build(settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline, feed, lanes: int,
+          decoders: int, name: str) -> ray.data.Dataset:
+    """The Dataset of decoded window slices. Built on rank 0 once per group; runs from the first pull."""
     ctx = ray.data.DataContext.get_current()
     ctx.target_max_block_size = 1  # one row (a whole window slice) per block: see the module docstring
     ctx.enable_progress_bars = False  # worker logs are not a terminal; the dashboard's Data view shows progress
@@ -181,5 +198,7 @@ def build(settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pi
     ds.set_name(name)  # what the dashboard's Data view and `streamlearn status` call it
     return ds.map_batches(Decode, batch_size=None, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(size=decoders), num_cpus=DECODE_CPUS,
+                          # The pipeline object itself (pickled by reference to its module), not its
+                          # name: `--pipeline package.module:attribute` names no file under pipelines/.
                           fn_constructor_kwargs={"pipeline": pipeline, "settings": settings, "dlq_topic": dlq_topic,
-                                                 "topic": topic, "already": already})
+                                                 "topic": topic, "feed": feed})

@@ -1,8 +1,8 @@
 """One rank's view of the stream with `--ingest ray-data`: decoded window slices from Ray Data.
 
-Rank 0 builds the group's Dataset (raydata_source.py) once it knows where the lineage
-stands, splits it `streaming_split(world, equal=False)` and hands each rank its iterator;
-a thread per rank pulls decoded slices into a local queue. Slices of one window land on any
+Rank 0 builds the group's Dataset (raydata_source.py) as the worker starts, splits it
+`streaming_split(world, equal=False)` and hands each rank its iterator; a thread per rank
+pulls decoded slices into a local queue. Slices of one window land on any
 rank, so no rank can tell from its own rows that a window is complete. Completion is a
 count across ranks: every rank polls its queue and joins a small allreduce of the rows it
 holds for the window until the sum equals the window's offsets (valid and dead-lettered).
@@ -69,18 +69,26 @@ class RayDataStream:
         self._collected: int | None = None
         self.stats = {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
         self.dataset_name = f"streamlearn-{group_id}"
+        self._open()
 
-    def start(self, dlq_positions: dict[int, int]) -> None:
-        """After restore: rank 0 builds the Dataset for this lineage and every rank starts pulling."""
+    def _open(self) -> None:
+        """Rank 0 builds the group's Dataset and every rank starts pulling at once: Ray Data's
+        workers (read lanes, decode actors, the split coordinator) start while the trainers
+        build the model and restore. Nothing flows before rank 0 feeds the first window."""
         iterators = None
         if self.rank == 0:
-            self.dead_letters.skip_written_since(dlq_positions)
             self._feed = source.WindowFeed.remote()
-            ds = source.build(self.settings, self.topic, self.dlq_topic, self.group_id, self.pipeline.name,
-                              self._feed, LANES, DECODERS, self.dead_letters.already, self.dataset_name)
+            ds = source.build(self.settings, self.topic, self.dlq_topic, self.group_id, self.pipeline,
+                              self._feed, LANES, DECODERS, self.dataset_name)
             iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
         iterator = broadcast(iterators, self.rank)[self.rank]
         threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
+
+    def start(self, dlq_positions: dict[int, int]) -> None:
+        """After restore: the decode stage learns which dead letters are already written."""
+        if self.rank == 0:
+            self.dead_letters.skip_written_since(dlq_positions)
+            self._feed.set_already.remote(self.dead_letters.already)  # before any window: calls stay in order
 
     def _pump(self, iterator) -> None:
         try:
