@@ -53,6 +53,8 @@ class WorkerStream:
         self.dead_letters = DeadLetters(settings, dlq_topic, topic)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"fetch-{rank}")
 
+    lookahead = 1  # windows planned and reading beyond the one being learned
+
     @property
     def read_lanes(self) -> int:
         return self.world  # each rank reads its own share of every window

@@ -13,6 +13,7 @@ import json
 import math
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from streamlearn import faults
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream
-from streamlearn.ingest.windows import WindowPlanner
+from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_window
 from streamlearn.pipeline import Pipeline, load_pipeline
@@ -94,18 +95,27 @@ def train_loop_per_worker(config: dict) -> None:
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
         positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
     try:
-        with phases("plan"):
-            window = broadcast(coordinator.next_window() if coordinator else None, rank)
+        ahead: deque = deque()  # (window, its read under way), planned and not yet learned, oldest first
+        last_planned: list[Window] = []
+
+        def plan_ahead() -> None:
+            # Keep the stream's lookahead of windows planned and reading (the direct path reads
+            # one window ahead; Ray Data's pipeline needs several in flight to not wait on its
+            # own latency), and none past the window that stops the run.
+            while len(ahead) < stream.lookahead and not (last_planned and last_planned[0].stop):
+                with phases("plan"):
+                    planned = broadcast(coordinator.next_window() if coordinator else None, rank)
+                ahead.append((planned, stream.prefetch(planned)))
+                last_planned[:] = [planned]
+
+        plan_ahead()
         startup.mark("first_window_planned")
-        pending = stream.prefetch(window)
         while True:
+            window, pending = ahead.popleft()
             with phases("wait_data"):
                 batch = pending.result()
             startup.mark("first_batch_read")
-            if not window.stop:  # plan and start reading the next window while this one trains
-                with phases("plan"):
-                    upcoming = broadcast(coordinator.next_window() if coordinator else None, rank)
-                pending = stream.prefetch(upcoming)
+            plan_ahead()  # plan and start reading the next window while this one trains
             steps, batch_loss, learned_fp = learn(model, optimizer, pipeline, batch, cfg, rank, device, recent,
                                                   phases)
             # What a window costs beyond reading and learning it: its plan (with the broadcast) and the size sync.
@@ -127,7 +137,6 @@ def train_loop_per_worker(config: dict) -> None:
                 delta, loss_sum, overhead_ms = Counters(), 0.0, []
             if window.stop:
                 break
-            window = upcoming
         if writer:
             writer.drain()  # everything this group saved is published before it ends or hands over
         if coordinator:
