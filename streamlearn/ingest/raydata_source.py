@@ -37,7 +37,7 @@ from streamlearn.pipeline import Pipeline
 # JSON. On two cores both must leave the trainers their share: fractions, never Ray's 1 CPU.
 LANE_CPUS = 0.1
 DECODE_CPUS = 0.25
-KEEP_WINDOWS = 8  # the feed keeps this many recent windows; lanes are never more than one behind
+KEEP_WINDOWS = 8  # recent windows the feed keeps; a lane is at most the lookahead (3) behind it
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
