@@ -9,10 +9,9 @@ holds for the window until the sum equals the window's offsets (valid and dead-l
 Slices of later windows wait in a stash, untouched: a checkpoint claims exactly the windows
 learned, never a row beyond them.
 
-Dead letters are written by the decode stage, ahead of training. So the dead-letter
-positions a checkpoint records are taken before the window after it is fed to Ray Data
-(`dlq_positions`): a replay's scan for already-written keys then starts early enough to
-see every dead letter written for the windows it replays.
+Bad events come with their slices (bytes, reason, coordinates); the rank that learns a
+window writes its dead letters after learning it, as the direct path does, so the
+dead-letter contract is the direct path's, tested the same way.
 """
 
 from __future__ import annotations
@@ -69,9 +68,6 @@ class RayDataStream:
         self._stash: dict[int, list[dict]] = {}
         self._ended = False
         self._feed = None
-        self._fed: Window | None = None
-        self._floors: dict[int, dict[int, int]] = {}
-        self._collected: int | None = None
         self.stats = {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
         self.dataset_name = f"streamlearn-{group_id}"
         self._open()
@@ -83,17 +79,15 @@ class RayDataStream:
         iterators = None
         if self.rank == 0:
             self._feed = source.WindowFeed.remote()
-            ds = source.build(self.settings, self.topic, self.dlq_topic, self.group_id, self.pipeline,
+            ds = source.build(self.settings, self.topic, self.group_id, self.pipeline,
                               self._feed, LANES, DECODERS, self.dataset_name)
             iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
         iterator = broadcast(iterators, self.rank)[self.rank]
         threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
 
     def start(self, dlq_positions: dict[int, int]) -> None:
-        """After restore: the decode stage learns which dead letters are already written."""
-        if self.rank == 0:
-            self.dead_letters.skip_written_since(dlq_positions)
-            self._feed.set_already.remote(self.dead_letters.already)  # before any window: calls stay in order
+        """After restore: remember the dead letters written past the checkpoint, to skip them."""
+        self.dead_letters.skip_written_since(dlq_positions)
 
     def _pump(self, iterator) -> None:
         try:
@@ -109,10 +103,7 @@ class RayDataStream:
     def prefetch(self, window: Window) -> _Pending:
         """Rank 0 feeds the window to the Dataset's lanes; every rank collects it later."""
         if self.rank == 0:
-            if self._fed is not None and self._fed.checkpoint:
-                self._floors[self._fed.seq] = self.dead_letters.positions()
             self._feed.put.remote(window)  # calls from one caller reach the actor in order
-            self._fed = window
         return _Pending(self, window)
 
     def collect(self, window: Window) -> Batch:
@@ -122,7 +113,6 @@ class RayDataStream:
         with self.phases("decode", window=window.seq, slices=len(rows)):
             batch = self._batch(window, rows)
         batch.read_s = time.perf_counter() - started
-        self._collected = window.seq
         return batch
 
     def _rows_of(self, window: Window) -> list[dict]:
@@ -174,8 +164,8 @@ class RayDataStream:
             xs.append(np.frombuffer(r["x"], dtype=r["x_dtype"]).reshape(len(y), *x0.shape[1:]))
             ys.append(y)
             crcs.append(np.frombuffer(r["crc"], dtype=np.uint32))
-            bad.extend((Message(p, o, None), reason)
-                       for p, o, reason in zip(r["bad_partition"], r["bad_offset"], r["bad_reason"], strict=True))
+            bad.extend((Message(p, o, value), reason) for p, o, reason, value
+                       in zip(r["bad_partition"], r["bad_offset"], r["bad_reason"], r["bad_value"], strict=True))
             self.stats["read_s"] += r["read_s"]
             self.stats["decode_s"] += r["decode_s"]
             self.stats["slices"] += 1
@@ -190,13 +180,13 @@ class RayDataStream:
                 **{k: round(v, 3) for k, v in stats.items()}}
 
     def dead_letter(self, batch: Batch) -> None:
-        """Nothing to send: the decode stage wrote this window's dead letters before its rows came."""
+        """After the window is learned, in window order: the same contract as the direct path."""
+        for message, reason in batch.bad:
+            self.dead_letters.send(message, reason)
 
     def dlq_positions(self) -> dict[int, int]:
-        """Rank 0, at a checkpoint: the dead-letter topic's end before any later window was decoded."""
-        floor = self._floors.pop(self._collected, None) if self._collected is not None else None
-        self._floors = {seq: f for seq, f in self._floors.items() if seq > (self._collected or -1)}
-        return floor if floor is not None else self.dead_letters.positions()
+        """At a checkpoint: where a replay's scan for already-written dead letters starts."""
+        return self.dead_letters.positions()
 
     def close(self) -> None:
         if self._feed is not None:
