@@ -35,3 +35,7 @@ class CheckpointError(StreamlearnError):
 
 class PipelineError(StreamlearnError):
     """A pipeline could not be found or breaks the pipeline contract."""
+
+
+class IngestError(StreamlearnError):
+    """The Ray Data stream broke the window contract (ended early, or more rows than offsets)."""

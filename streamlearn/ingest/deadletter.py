@@ -73,14 +73,6 @@ class DeadLetters:
             consumer.close()
         return len(self._already)
 
-    def skip(self, keys: set[bytes]) -> None:
-        """Keys another process found already written (the Ray Data decode stage gets rank 0's scan)."""
-        self._already |= keys
-
-    @property
-    def already(self) -> set[bytes]:
-        return set(self._already)
-
     def send(self, message: Message, reason: str) -> None:
         key = dead_letter_key(self.source_topic, message.partition, message.offset)
         self.by_reason[reason_code(reason)] += 1

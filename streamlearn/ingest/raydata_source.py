@@ -30,6 +30,7 @@ import ray
 
 from streamlearn.config import KafkaSettings
 from streamlearn.ingest.reader import RangeReader
+from streamlearn.ingest.stream import featurize
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
 
@@ -129,9 +130,7 @@ class Decode:
     by a moment wrote one dead letter twice in 1,185 under two worker kills (CI, measured)."""
 
     def __init__(self, pipeline: Pipeline):
-        from streamlearn.ingest.stream import featurize
-
-        self.pipeline, self._featurize = pipeline, featurize
+        self.pipeline = pipeline
 
     def __call__(self, slices: pa.Table) -> pa.Table:
         out: dict[str, list] = {name: [] for name in DECODED.names}
@@ -139,7 +138,7 @@ class Decode:
             started = time.perf_counter()
             values = row["value"]
             events, kept, bad = self.pipeline.schema.decode_many(values)
-            x, y, kept, bad = self._featurize(self.pipeline, events, kept, bad)
+            x, y, kept, bad = featurize(self.pipeline, events, kept, bad)
             crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
             bad = sorted(bad)
             x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from streamlearn.config import KafkaSettings
-from streamlearn.errors import StreamlearnError
+from streamlearn.errors import IngestError
 from streamlearn.ingest import raydata_source as source
 from streamlearn.ingest.deadletter import DeadLetters
 from streamlearn.ingest.reader import Message, RangeReader
@@ -41,10 +41,6 @@ DECODERS = 2  # decode actors: JSON parsing is the stage's CPU cost
 LOOKAHEAD = 3
 POLL_S = 0.005  # how long a rank waits for a slice before the next completion count
 _END = object()
-
-
-class IngestError(StreamlearnError):
-    """The Ray Data stream broke the window contract (ended early, or more rows than offsets)."""
 
 
 class RayDataStream:
