@@ -171,6 +171,8 @@ def serve_up(pipeline: str = "fraud",
              checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="The trainer's checkpoint directory."),
              run_name: str = "", host: str = "127.0.0.1", port: int = 8000,
              min_replicas: int = 1, max_replicas: int = 2,
+             swap_delay_s: float = typer.Option(1.0, help="Seconds from a version's approval "
+                                                "to the moment every replica switches to it (0: at once)."),
              address: str = typer.Option("auto", help="Ray cluster to deploy on ('auto': the running one)."),
              timeline: str = typer.Option("", help="Each replica traces its model swaps to PATH.scorer-<pid>.json "
                                                    "(merge with the training's: `streamlearn timeline merge`).")):
@@ -182,7 +184,7 @@ def serve_up(pipeline: str = "fraud",
     ray.init(address=address, configure_logging=False)
     print(deploy(ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name, host=host,
                              port=port, min_replicas=min_replicas, max_replicas=max_replicas,
-                             timeline=str(Path(timeline).resolve()) if timeline else "")))
+                             swap_delay_s=swap_delay_s, timeline=str(Path(timeline).resolve()) if timeline else "")))
 
 
 @serve_app.command("rollback")

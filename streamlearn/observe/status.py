@@ -118,11 +118,26 @@ def _serving(model: dict | None, now: float, problem: str | None) -> Table:
         table.add_row("model version", f"v{version}{pinned}, trained {_age(now, model.get('written_at'))} ago, "
                                        f"swapped in {_age(now, model.get('swapped_at'))} ago")
         table.add_row("online metric", _metric((model.get("metrics") or {}).get("online")))
+        table.add_row("gate", _gate(model, now))
     table.add_row("scoring", _scoring(model.get("scoring")))
     last = model.get("last_rejection")
     if last:
         table.add_row("last rejection", f"v{last.get('version')} ({last.get('kind')}): {last.get('reason')}")
     return table
+
+
+def _gate(model: dict, now: float) -> str:
+    """The lineage's decision on the served version, and what every replica switches to next."""
+    decision = model.get("decision") if isinstance(model.get("decision"), dict) else {}
+    against = decision.get("compared_with")
+    said = (f"approved by {decision.get('by')}" + (f" against v{against}" if against is not None else " (first)")
+            if decision else "served by pin" if model.get("serving_pinned") else "no recorded decision")
+    upcoming = [n for n in model.get("next") or [] if isinstance(n, dict)]
+    if upcoming:
+        said += "; next " + ", ".join(f"v{n.get('version')} in {_num(n.get('serve_at', now) - now, 1)} s"
+                                      for n in upcoming)
+    late = model.get("late_swaps")
+    return said + (f"; {late} late swaps on this replica" if late else "")
 
 
 def _scoring(scoring: Any) -> str:

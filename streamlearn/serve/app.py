@@ -146,7 +146,7 @@ def build_app(store: ModelStore, cfg: ServeConfig,
                 valid.append(schema.validate(event))
             except BadEvent as err:
                 raise _bad_event(err, None if isinstance(events, _Single) else i) from None
-        served = store.current  # read once: this request uses this model and reports its version
+        served = store.serving()  # read once: this request uses this model and reports its version
         if served is None:
             raise ClientError(503, f"no model yet: no checkpoint under {store.run_dir} has passed its checks; "
                                    "the trainer writes the first one after its first steps",
@@ -170,7 +170,7 @@ def build_app(store: ModelStore, cfg: ServeConfig,
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         """Liveness: open without a token. `ready` says whether a model is loaded."""
-        served = store.current
+        served = store.serving()
         return {"status": "ok", "ready": served is not None, "version": served.version if served else None}
 
     return app

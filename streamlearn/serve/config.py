@@ -31,6 +31,9 @@ class ServeConfig:
     pipeline: str = "fraud"
     run_name: str = ""  # default: derived from the pipeline name, as TrainConfig does
     poll_interval_s: float = 0.5
+    # Every replica switches to an approved version at the same announced moment, this long
+    # after the decision: enough for each to poll (poll_interval_s) and load it first.
+    swap_delay_s: float = 1.0
     quality_tolerance: float = 0.02  # absolute, on the pipeline's headline metric (auc or mae)
     max_abs_weight: float = 1e4  # a parameter beyond this is a diverged model, not a trained one
     max_batch: int = 1000  # events per request; more is a 413
@@ -59,6 +62,10 @@ class ServeConfig:
         need(0 < self.poll_interval_s <= MAX_POLL_INTERVAL_S,
              f"poll_interval_s must be in (0, {MAX_POLL_INTERVAL_S}] so a new checkpoint serves within 2 s, "
              f"got {self.poll_interval_s}")
+        need(self.swap_delay_s == 0 or self.swap_delay_s >= 2 * self.poll_interval_s,
+             f"swap_delay_s must be at least twice poll_interval_s ({self.poll_interval_s}) so every replica sees "
+             f"and loads a new version before its moment, or 0 to swap at once (replicas may then disagree for "
+             f"a poll interval), got {self.swap_delay_s}")
         need(self.quality_tolerance >= 0,
              f"quality_tolerance must be >= 0 (0 = never serve a worse model), got {self.quality_tolerance}")
         need(self.max_abs_weight > 0, f"max_abs_weight must be > 0, got {self.max_abs_weight}")

@@ -1,31 +1,32 @@
 """The serving model of one replica, and how a newer checkpoint replaces it.
 
-A background thread polls the run directory. A candidate must pass, in this order:
-its checksum (a corrupt file is never unpickled), the pipeline it was trained for, the
-quality gate on its online metric, and a sanity check of its weights. Only then is it
-built into a fresh model and published by ONE reference assignment of an immutable
-`ServingModel`: a request reads `store.current` once and uses that object throughout,
+A background thread polls the run directory. Each new version is judged once for the
+whole lineage (streamlearn/serve/gate.py): its checksum (a corrupt file is never
+unpickled), the pipeline it was trained for, the quality gate on its online metric
+against the last approved version, and a sanity check of its weights. Every replica
+follows the recorded decision: it loads an approved version ahead of the moment the
+decision announced, then publishes it by ONE reference assignment of an immutable
+`ServingModel`. A request calls `store.serving()` once and uses that object throughout,
 so requests in flight finish on the old model while new ones get the new one, with no
 lock on the request path.
 
 Rollback is a file, `<run_dir>/PINNED`, holding a version: every replica (and the CLI)
-sees the same pin without any coordination service.
+sees the same pin without any coordination service, and switches at the same moment
+(the file's mtime plus the swap delay).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import torch
 from torch import nn
 
 from streamlearn import metrics
@@ -33,9 +34,9 @@ from streamlearn.errors import CheckpointError
 from streamlearn.logs import bind, log
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.serve.config import ServeConfig
+from streamlearn.serve.gate import Decision, Ledger, online_metric, quality_problem, replica_id, weights_problem
 from streamlearn.train import checkpoint
 from streamlearn.train.phases import Phases
-from streamlearn.train.prequential import headline
 
 PIN_FILE = "PINNED"
 
@@ -48,7 +49,9 @@ class ServingModel:
     version: int
     meta: Mapping[str, Any]
     path: Path
-    swapped_at: float
+    swapped_at: float  # the announced moment it serves from (wall clock)
+    pinned: bool = False  # served because of PINNED, not because the gate approved it
+    load_s: float = 0.0
 
     @property
     def trained_through(self) -> dict[str, int]:
@@ -60,19 +63,10 @@ class ServingModel:
                 "written_at": self.meta.get("written_at"), "swapped_at": self.swapped_at, "path": str(self.path)}
 
 
-@dataclass(frozen=True)
-class Rejection:
-    version: int
-    kind: str  # integrity | pipeline | quality | weights
-    reason: str
-    at: float
-
-
 class _Rejected(Exception):
     def __init__(self, kind: str, reason: str):
         super().__init__(reason)
         self.kind, self.reason = kind, reason
-
 
 # ---- pin file: the rollback switch shared by every replica and the CLI -----------------
 
@@ -116,70 +110,34 @@ def unpin(checkpoint_dir: str | Path, run_name: str) -> bool:
     return True
 
 
-# ---- the gates -----------------------------------------------------------------------
-
-def _online_metric(meta: Mapping[str, Any], name: str) -> float | None:
-    value = ((meta.get("metrics") or {}).get("online") or {}).get(name)
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan  # present but not a number: treat as broken, not as absent
-
-
-def quality_problem(candidate: Mapping[str, Any], serving: Mapping[str, Any] | None, task: str,
-                    tolerance: float) -> str | None:
-    """Why the candidate must not replace the serving model, or None if it may.
-
-    A candidate without the metric (e.g. AUC is undefined while the window holds one
-    class) is not judged: blocking it would freeze the service on its first model."""
-    name, higher_is_better = headline(task)
-    new = _online_metric(candidate, name)
-    if new is not None and not math.isfinite(new):
-        return f"online {name} is {new}"
-    old = _online_metric(serving, name) if serving is not None else None
-    if new is None or old is None or not math.isfinite(old):
-        return None
-    worse_by = (old - new) if higher_is_better else (new - old)
-    if worse_by > tolerance + 1e-12:
-        return (f"online {name} {new:.4f} is worse than the serving model's {old:.4f} by {worse_by:.4f}, "
-                f"more than the tolerance {tolerance}")
-    return None
-
-
-def weights_problem(state: Mapping[str, Any], max_abs: float) -> str | None:
-    """A diverged model (NaN/inf, or weights blown up by orders of magnitude) scores garbage
-    while its meta may still look fine, so the tensors themselves are checked."""
-    for name, tensor in state.items():
-        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()):
-            continue
-        if not torch.isfinite(tensor).all():
-            return f"parameter {name!r} has NaN or inf values"
-        peak = float(tensor.abs().max())
-        if peak > max_abs:
-            return f"parameter {name!r} reaches |w| = {peak:.3g}, above the sanity limit {max_abs:g}"
-    return None
-
-
 # ---- the store -----------------------------------------------------------------------
 
 class ModelStore:
     def __init__(self, pipeline: Pipeline, run_dir: str | Path, *, quality_tolerance: float = 0.02,
-                 max_abs_weight: float = 1e4, poll_interval_s: float = 0.5, timeline: str = ""):
+                 max_abs_weight: float = 1e4, poll_interval_s: float = 0.5, swap_delay_s: float = 0.0,
+                 timeline: str = ""):
         self.pipeline = pipeline
         bind(pipeline=pipeline.name)  # one store per replica process: its log lines say which pipeline
         self.run_dir = Path(run_dir)
         self.quality_tolerance = quality_tolerance
         self.max_abs_weight = max_abs_weight
         self.poll_interval_s = poll_interval_s
-        self.current: ServingModel | None = None  # the one reference requests read
+        self.swap_delay_s = swap_delay_s
+        self.ledger = Ledger(run_dir)
+        self.current: ServingModel | None = None  # the one reference requests read (via serving())
+        # Loaded, waiting for their announced moments (in moment order). Only the poll thread
+        # writes it; requests only read it.
+        self._queue: tuple[ServingModel, ...] = ()
         self.pinned: int | None = None
-        self.last_rejection: Rejection | None = None
-        self.rejections: Counter[str] = Counter()
-        # version -> (rejection, SHA256SUMS mtime): remembered so a bad checkpoint is not
-        # re-hashed every poll, yet judged again if a writer replaces it in place.
-        self._rejected: dict[int, tuple[Rejection, int | None]] = {}
+        self.last_rejection: Decision | None = None
+        self.rejections: Counter[str] = Counter()  # kinds of the refused versions this replica has seen
+        self.late_swaps = 0  # approvals this replica saw only after their moment had passed
+        self._decisions: dict[int, Decision] = {}  # the ledger, as read so far
+        self._judged: dict[int, ServingModel] = {}  # built while judging: not loaded twice
+        # version -> SHA256SUMS mtime of a checkpoint that failed to load here (corrupt after its
+        # approval, or pinned while corrupt): not re-hashed every poll, tried again if rewritten.
+        self._unloadable: dict[int, int | None] = {}
+        self._announced: ServingModel | None = None
         self._pin_problem: object = None  # last pin problem logged, so it is logged once, not every poll
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
@@ -190,81 +148,236 @@ class ModelStore:
     @classmethod
     def from_config(cls, cfg: ServeConfig) -> ModelStore:
         return cls(load_pipeline(cfg.pipeline), cfg.run_dir, quality_tolerance=cfg.quality_tolerance,
-                   max_abs_weight=cfg.max_abs_weight, poll_interval_s=cfg.poll_interval_s, timeline=cfg.timeline)
+                   max_abs_weight=cfg.max_abs_weight, poll_interval_s=cfg.poll_interval_s,
+                   swap_delay_s=cfg.swap_delay_s, timeline=cfg.timeline)
+
+    # -- the request path --
+
+    def serving(self) -> ServingModel | None:
+        """The model a request uses. A loaded version whose moment has come replaces the old
+        one here, on the request path, so no replica answers with the old version after
+        another has answered with the new one, whatever its poll thread is doing."""
+        queue = self._queue
+        if queue and queue[0].swapped_at <= time.time():
+            now = time.time()
+            due = [m for m in queue if m.swapped_at <= now][-1]
+            if self.current is not due and (self.current is None or due.swapped_at >= self.current.swapped_at):
+                self.current = due
+        return self.current
 
     # -- polling --
 
     def poll_once(self) -> bool:
-        """Look at the run directory once; swap in a newer (or the pinned) model. True if swapped."""
+        """Look at the run directory once: decide new versions, load what is to be served next,
+        switch if its moment has come. True if the served model changed."""
         with self._poll_lock:
-            try:
-                self.pinned = read_pin(self.run_dir)
-            except CheckpointError as e:
-                if self._pin_problem != str(e):
-                    log("serve_bad_pin", level="error", error=str(e))
-                    self._pin_problem = str(e)
-                self.pinned = None
+            before = self.current
+            pin = self._read_pin()
             available = checkpoint.list_checkpoints(self.run_dir)
-            serving = self.current
-            if self.pinned is not None:
-                if serving is not None and serving.version == self.pinned:
-                    return False
-                # An operator's rollback overrides the quality gate, never the integrity checks.
-                candidates = [(v, p) for v, p in available if v == self.pinned]
-                if not candidates and self._pin_problem != self.pinned:
-                    log("serve_pinned_missing", level="error", version=self.pinned, run_dir=str(self.run_dir))
-                    self._pin_problem = self.pinned
-                gate = False
-            else:
-                floor = serving.version if serving is not None else -1  # versions only move forward
-                candidates = [(v, p) for v, p in available if v > floor]
-                gate = True
-            for version, path in reversed(candidates):  # newest first; a rejection falls back to the next
-                if self._remembered(version, path, allow_quality=not gate):
-                    continue
-                wall, started = time.time(), time.perf_counter()
-                try:
-                    loaded = self._load(version, path, serving if gate else None)
-                except _Rejected as r:
-                    self._reject(version, path, r.kind, r.reason)
-                    self._trace("rejected", wall, started, version=version, kind=r.kind)
-                    continue
-                except OSError as e:  # removed by checkpoint retention while we read it: not its fault
-                    log("serve_candidate_vanished", level="warning", version=version, error=str(e))
-                    continue
-                self.current = loaded  # the atomic swap
-                self._trace("swap", wall, started, version=version, previous=serving.version if serving else None)
-                bind(version=version)
-                metrics.record_swap(self.pipeline.name, version)
-                log("serve_swapped", version=version, previous=serving.version if serving else None,
-                    pinned=self.pinned is not None)
-                return True
-            return False
+            self._forget_pruned({v for v, _ in available})
+            self._decide(available)
+            self._prepare(self._target(available, pin), dict(available))
+            self._judged.clear()  # built while judging but not the target (e.g. pinned meanwhile): let it go
+            served = self.serving()  # superseded and served entries leave the queue, due ones stay till served
+            self._queue = tuple(m for m in self._queue if served is None or m.swapped_at > served.swapped_at)
+            self._announce()
+            return self.current is not before
 
-    def _trace(self, name: str, wall: float, started: float, **args) -> None:
+    def _read_pin(self) -> tuple[int, float] | None:
+        """(pinned version, the moment every replica switches to it) or None."""
+        try:
+            self.pinned = read_pin(self.run_dir)
+            if self.pinned is None:
+                return None
+            return self.pinned, (self.run_dir / PIN_FILE).stat().st_mtime + self.swap_delay_s
+        except FileNotFoundError:  # unpinned between the read and the stat
+            self.pinned = None
+        except CheckpointError as e:
+            if self._pin_problem != str(e):
+                log("serve_bad_pin", level="error", error=str(e))
+                self._pin_problem = str(e)
+            self.pinned = None
+        return None
+
+    def _decide(self, available: list[tuple[int, Path]]) -> None:
+        """Judge the versions newer than every decided one, newest first, until one is approved
+        (the older ones are superseded, never served). Versions decided by others are followed."""
+        decided = {v: self._decision(v, p) for v, p in available}
+        floor = max((v for v, d in decided.items() if d is not None), default=-1)
+        judged = False
+        for version, path in reversed(available):
+            if version < floor:
+                break
+            if decided[version] is not None:
+                continue
+            decision, judged = self._judge(version, path), True
+            if decision is not None and decision.approved:
+                break
+        if judged:  # decisions of checkpoints retention deleted go too, except the newest approval (a baseline)
+            newest = self._approved_below(float("inf"))
+            self.ledger.prune(below=min([available[0][0]] + ([newest.version] if newest else [])))
+
+    def _decision(self, version: int, path: Path) -> Decision | None:
+        """The standing decision on this checkpoint, or None if there is none or it judged an
+        earlier file under the same version (rewritten in place: judged again)."""
+        signature = _signature(path)
+        decision = self._decisions.get(version)
+        if decision is None or decision.signature != signature:
+            decision = self.ledger.read(version)  # decided by another replica, or decided again
+        if decision is None or decision.signature != signature:
+            return None
+        self._remember(decision)
+        return decision
+
+    def _judge(self, version: int, path: Path) -> Decision | None:
+        baseline = self._approved_below(version)
+        wall, started = time.time(), time.perf_counter()
+        signature = _signature(path)
+        try:
+            loaded = self._load(version, path, gate=True, baseline=baseline.metric if baseline else None)
+        except _Rejected as r:
+            loaded, decision = None, Decision(version, False, r.kind, r.reason, None,
+                                              baseline.version if baseline else None, wall, wall, replica_id(),
+                                              signature)
+        except OSError as e:  # removed by checkpoint retention while we read it: not its fault
+            log("serve_candidate_vanished", level="warning", version=version, error=str(e))
+            return None
+        else:
+            decision = Decision(version, True, None, None, online_metric(loaded.meta, self.pipeline.task),
+                                baseline.version if baseline else None, wall, time.time() + self.swap_delay_s,
+                                replica_id(), signature)
+        existing = self.ledger.read(version)  # only a record of an earlier file under this version is replaced
+        standing = self.ledger.record(decision, replace=existing is not None and existing.signature != signature)
+        if standing is decision:  # ours: this replica speaks for the lineage
+            self._announce_decision(decision, wall, time.perf_counter() - started)
+        if loaded is not None and standing.approved:
+            self._judged[version] = loaded
+        self._remember(standing)
+        return standing
+
+    def _announce_decision(self, decision: Decision, wall: float, seconds: float) -> None:
+        if decision.approved:
+            log("serve_approved", version=decision.version, compared_with=decision.compared_with,
+                serve_at=decision.serve_at)
+            return
+        metrics.record_rejection(self.pipeline.name, decision.kind)
+        self._trace("rejected", wall, seconds, version=decision.version, kind=decision.kind)
+        log("serve_rejected", level="warning", version=decision.version, kind=decision.kind, reason=decision.reason)
+
+    def _remember(self, decision: Decision) -> None:
+        known = self._decisions.get(decision.version)
+        self._decisions[decision.version] = decision
+        if decision.approved or known == decision:
+            return
+        self.rejections[decision.kind] += 1
+        if self.last_rejection is None or decision.version >= self.last_rejection.version:
+            self.last_rejection = decision
+
+    def _forget_pruned(self, versions: set[int]) -> None:
+        """Bound the cache by the checkpoints retention keeps, and the newest approval (the baseline)."""
+        newest = self._approved_below(float("inf"))
+        for version in [v for v in self._decisions if v not in versions and (newest is None or v != newest.version)]:
+            del self._decisions[version]
+
+    def _approved_below(self, version: float) -> Decision | None:
+        approved = [d for v, d in self._decisions.items() if v < version and d.approved]
+        return max(approved, key=lambda d: d.version, default=None)
+
+    def _target(self, available: list[tuple[int, Path]], pin: tuple[int, float] | None
+                ) -> tuple[int, float, bool] | None:
+        """(version, its moment, pinned?) that should be served, or None to keep what is served."""
+        versions = {v for v, _ in available}
+        if pin is not None:
+            version, moment = pin
+            if version not in versions:
+                if self._pin_problem != version:
+                    log("serve_pinned_missing", level="error", version=version, run_dir=str(self.run_dir))
+                    self._pin_problem = version
+                return None
+            return version, moment, True
+        approved = [d for v, d in self._decisions.items() if d.approved and v in versions]
+        if not approved:
+            return None
+        newest = max(approved, key=lambda d: d.version)
+        serving = self.current
+        if serving is not None and not serving.pinned and newest.version < serving.version:
+            return None  # the approved one was pruned from under us: versions only move forward
+        return newest.version, newest.serve_at, False
+
+    def _prepare(self, target: tuple[int, float, bool] | None, paths: dict[int, Path]) -> None:
+        """Load the target ahead of its moment; `serving()` switches to it when the moment comes."""
+        if target is None:
+            return
+        version, moment, pinned = target
+        current = self.current
+        if current is not None and (current.version, current.pinned) == (version, pinned):
+            self._queue = ()  # e.g. a pin back to the version being served
+            return
+        if any((m.version, m.pinned) == (version, pinned) for m in self._queue):
+            return
+        late = time.time() - moment
+        model = self._build(version, paths[version], max(moment, time.time()), pinned)  # a past moment: now
+        if model is None:
+            return
+        if current is not None and not (pinned or current.pinned) and late > self.poll_interval_s:
+            # Others may have answered with it already while this replica still served the old one.
+            self.late_swaps += 1
+            log("serve_swap_late", level="warning", version=version, late_s=round(late, 3))
+        if current is None and late < 0:
+            # Started between an approval and its moment: serve what the others serve until then.
+            self.current = self._previous_due(version, paths)
+        # What was announced for earlier stays queued (every replica serves it in its turn); what
+        # was announced for later is overruled by this newer target (a pin over an approval).
+        self._queue = tuple(m for m in self._queue if m.swapped_at < moment) + (model,)
+
+    def _previous_due(self, version: int, paths: dict[int, Path]) -> ServingModel | None:
+        now = time.time()
+        due = [d for v, d in self._decisions.items() if d.approved and v < version and v in paths and d.serve_at <= now]
+        for decision in sorted(due, key=lambda d: d.version, reverse=True):
+            model = self._build(decision.version, paths[decision.version], decision.serve_at, False)
+            if model is not None:
+                return model
+        return None
+
+    def _build(self, version: int, path: Path, moment: float, pinned: bool) -> ServingModel | None:
+        """The checkpoint as a ServingModel, checked on this replica (integrity, pipeline, weights),
+        or None if it does not load here."""
+        signature = _signature(path)
+        if version in self._unloadable and self._unloadable[version] == signature:
+            return None
+        model = self._judged.pop(version, None)
+        try:
+            model = model or self._load(version, path, gate=False)
+        except (_Rejected, OSError) as e:
+            self._unloadable[version] = signature
+            log("serve_load_failed", level="error", version=version, pinned=pinned,
+                kind=getattr(e, "kind", "vanished"), error=str(e))
+            return None
+        self._unloadable.pop(version, None)
+        return replace(model, swapped_at=moment, pinned=pinned)
+
+    def _announce(self) -> None:
+        """Log, count and trace each switch once, whichever thread made it."""
+        served = self.current
+        if served is None or served is self._announced:
+            return
+        previous, self._announced = self._announced, served
+        bind(version=served.version)
+        metrics.record_swap(self.pipeline.name, served.version)
+        self._trace("swap", served.swapped_at, served.load_s, version=served.version,
+                    previous=previous.version if previous else None)
+        log("serve_swapped", version=served.version, previous=previous.version if previous else None,
+            pinned=served.pinned)
+
+    def _trace(self, name: str, wall: float, seconds: float, **args) -> None:
         if self.timeline is not None:
-            self.timeline.record(name, wall, time.perf_counter() - started, tid="model-store", **args)
+            self.timeline.record(name, wall, seconds, tid="model-store", **args)
             self.timeline.flush()  # swaps are rare and a replica runs for days: on disk now, not at exit
 
-    def _remembered(self, version: int, path: Path, allow_quality: bool) -> bool:
-        entry = self._rejected.get(version)
-        if entry is None:
-            return False
-        rejection, signature = entry
-        if signature != _signature(path):
-            del self._rejected[version]
-            return False
-        return not (allow_quality and rejection.kind == "quality")
-
-    def _reject(self, version: int, path: Path, kind: str, reason: str) -> None:
-        rejection = Rejection(version, kind, reason, time.time())
-        self._rejected[version] = (rejection, _signature(path))
-        self.last_rejection = rejection
-        self.rejections[kind] += 1
-        metrics.record_rejection(self.pipeline.name, kind)
-        log("serve_rejected", level="warning", version=version, kind=kind, reason=reason)
-
-    def _load(self, version: int, path: Path, baseline: ServingModel | None) -> ServingModel:
+    def _load(self, version: int, path: Path, gate: bool, baseline: float | None = None) -> ServingModel:
+        """Check and build one checkpoint. The quality gate only when judging (`baseline`: the last
+        approved version's metric); a follower or a pin checks integrity and weights only."""
+        started = time.perf_counter()
         try:
             checkpoint.verify(path)
             meta = checkpoint.read_meta(path)
@@ -274,9 +387,7 @@ class ModelStore:
         if trained_for != self.pipeline.name:
             raise _Rejected("pipeline", f"trained for pipeline {trained_for!r}, this service runs "
                                         f"{self.pipeline.name!r}")
-        problem = quality_problem(meta, baseline.meta if baseline else None, self.pipeline.task,
-                                  self.quality_tolerance)
-        if problem:
+        if gate and (problem := quality_problem(meta, baseline, self.pipeline.task, self.quality_tolerance)):
             raise _Rejected("quality", problem)
         try:  # verified just above; hashing the file a second time would double the load time
             state, _optimizer, _meta = checkpoint.load(path, verify_first=False)
@@ -291,7 +402,8 @@ class ModelStore:
         except (RuntimeError, KeyError, TypeError) as e:
             raise _Rejected("pipeline", f"weights do not fit the pipeline's model: {str(e)[:300]}") from None
         model.eval().requires_grad_(False)
-        return ServingModel(model, version, MappingProxyType(meta), path, time.time())
+        return ServingModel(model, version, MappingProxyType(meta), path, time.time(),
+                            load_s=time.perf_counter() - started)
 
     # -- background thread --
 
@@ -319,24 +431,39 @@ class ModelStore:
                 self.poll_once()
             except Exception as e:  # a bad poll must not stop later ones: the next checkpoint may be fine
                 log("serve_poll_failed", level="error", error=f"{type(e).__name__}: {e}")
-            self._stop.wait(self.poll_interval_s)
+            self._stop.wait(self._next_wait())
+
+    def _next_wait(self) -> float:
+        """Until the next poll, or until a pending swap's moment if sooner, so the swap is logged
+        and counted on time even when no request comes to make it."""
+        queue = self._queue
+        if not queue:
+            return self.poll_interval_s
+        return min(self.poll_interval_s, max(0.0, queue[0].swapped_at - time.time()) + 0.001)
 
     # -- what GET /model shows --
 
     def status(self) -> dict[str, Any]:
-        serving = self.current
+        serving = self.serving()
+        queue = self._queue
         last = self.last_rejection
+        decision = self._decisions.get(serving.version) if serving else None
         return {
             "pipeline": self.pipeline.describe(),
+            "replica": replica_id(),  # which replica answered: the proxy picks one per request
             "run_dir": str(self.run_dir),
             **(serving.describe() if serving else {"version": None, "trained_through": None, "metrics": None,
                                                     "swapped_at": None}),
+            "decision": decision.describe() if decision else None,
+            "next": [{"version": m.version, "serve_at": m.swapped_at} for m in queue if m is not serving],
+            "swap_delay_s": self.swap_delay_s,
+            "late_swaps": self.late_swaps,
             "pinned": self.pinned,
-            "serving_pinned": serving is not None and serving.version == self.pinned,
+            "serving_pinned": serving is not None and serving.pinned,
             "quality_tolerance": self.quality_tolerance,
             "rejections": dict(self.rejections),
             "last_rejection": None if last is None else
-            {"version": last.version, "kind": last.kind, "reason": last.reason, "at": last.at},
+            {"version": last.version, "kind": last.kind, "reason": last.reason, "at": last.decided_at},
         }
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -11,14 +14,8 @@ import torch
 from streamlearn.errors import CheckpointError, ConfigError
 from streamlearn.pipeline import load_pipeline
 from streamlearn.serve.config import ServeConfig
-from streamlearn.serve.model_store import (
-    ModelStore,
-    pin_version,
-    quality_problem,
-    read_pin,
-    unpin,
-    weights_problem,
-)
+from streamlearn.serve.gate import quality_problem, weights_problem
+from streamlearn.serve.model_store import ModelStore, pin_version, read_pin, unpin
 from streamlearn.train import checkpoint
 
 FRAUD = load_pipeline("fraud")
@@ -96,9 +93,10 @@ def test_quality_gate(tmp_path, pipeline, serving, candidate, accepted):
 def test_gate_edge_cases():
     meta = lambda auc: {"metrics": {"online": {"auc": auc}}}  # noqa: E731
     assert quality_problem(meta(0.5), None, "classification", 0.02) is None  # nothing to compare with
-    assert quality_problem(meta(None), meta(0.9), "classification", 0.02) is None  # AUC undefined yet
-    assert "nan" in quality_problem(meta(float("nan")), meta(0.9), "classification", 0.02)
-    assert quality_problem(meta("junk"), meta(0.9), "classification", 0.02)
+    assert quality_problem(meta(None), 0.9, "classification", 0.02) is None  # AUC undefined yet
+    assert "nan" in quality_problem(meta(float("nan")), 0.9, "classification", 0.02)
+    assert "nan" in quality_problem(meta(float("nan")), None, "classification", 0.02)  # even as the first
+    assert quality_problem(meta("junk"), 0.9, "classification", 0.02)
 
 
 @pytest.mark.parametrize("kwargs", [{"scale": 1e6}, {"fill": float("nan")}, {"fill": float("inf")}])
@@ -264,3 +262,110 @@ def test_timeline_traces_each_swap_and_rejection(run_dir, tmp_path):
     assert all(e["pid"] == os.getpid() and e["dur"] >= 0 for e in events if e["ph"] == "X")
     assert [e["args"]["name"] for e in events if e["ph"] == "M"] == [f"scorer {os.getpid()}"]
     assert merge([path], tmp_path / "merged.json") == len(events)
+
+
+# ---- one decision per version, followed by every replica (issue 14) ----------------------
+
+def test_a_later_replica_follows_the_recorded_decision_not_its_own(run_dir):
+    """The demo's bug: a replica that started later had no serving model to compare with, so it
+    took a version the first replica had refused, and callers saw the two versions alternate."""
+    first = ModelStore(FRAUD, run_dir, quality_tolerance=0.02)
+    write_checkpoint(run_dir, 1, metric=0.80)
+    assert first.poll_once()
+    write_checkpoint(run_dir, 2, metric=0.70)  # worse than v1 by more than the tolerance
+    assert not first.poll_once() and first.last_rejection.kind == "quality"
+
+    later = ModelStore(FRAUD, run_dir, quality_tolerance=0.02)
+    assert later.poll_once()
+    assert later.current.version == first.current.version == 1
+    assert later.last_rejection.version == 2 and later.rejections == {"quality": 1}
+    decisions = sorted(p.name for p in (run_dir / "decisions").glob("v*.json"))
+    assert decisions == ["v000000001.json", "v000000002.json"]
+    recorded = json.loads((run_dir / "decisions" / "v000000002.json").read_text())
+    assert recorded["approved"] is False and recorded["kind"] == "quality" and recorded["compared_with"] == 1
+    assert "tolerance" in recorded["reason"] and recorded["by"].endswith(f":{os.getpid()}")
+
+
+def test_the_gate_compares_with_the_last_approved_version(run_dir):
+    store = ModelStore(FRAUD, run_dir, quality_tolerance=0.02)
+    write_checkpoint(run_dir, 1, metric=0.90)
+    store.poll_once()
+    write_checkpoint(run_dir, 2, metric=0.85)  # refused against v1
+    write_checkpoint(run_dir, 3, metric=0.87)  # refused against v1 too, not judged against the refused v2
+    store.poll_once()
+    assert store.current.version == 1
+    assert sorted(store.ledger.read(v).approved for v in (2, 3)) == [False, False]
+    assert store.ledger.read(3).compared_with == 1
+
+
+def test_one_decision_when_replicas_judge_the_same_version_at_once(run_dir):
+    write_checkpoint(run_dir, 1)
+    stores = [ModelStore(FRAUD, run_dir) for _ in range(6)]
+    barrier = threading.Barrier(len(stores))
+
+    def poll(store):
+        barrier.wait()
+        store.poll_once()
+
+    threads = [threading.Thread(target=poll, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {s.current.version for s in stores} == {1}
+    assert len(list((run_dir / "decisions").glob("v*.json"))) == 1
+    assert not list((run_dir / "decisions").glob(".*.tmp"))  # the losers' temp files are gone
+
+
+def test_replicas_switch_at_the_announced_moment(run_dir):
+    a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=0.6, poll_interval_s=0.1) for _ in range(2))
+    write_checkpoint(run_dir, 1)
+    a.poll_once()
+    b.poll_once()
+    time.sleep(0.65)
+    assert a.serving().version == b.serving().version == 1
+    write_checkpoint(run_dir, 2)
+    a.poll_once()  # decides v2 and announces its moment
+    moment = a.ledger.read(2).serve_at
+    b.poll_once()  # loads it too, ahead of the moment
+    assert moment > time.time() and a.serving().version == b.serving().version == 1
+    assert a.status()["next"] == [{"version": 2, "serve_at": moment}]
+    late = ModelStore(FRAUD, run_dir, swap_delay_s=0.6, poll_interval_s=0.1)  # started meanwhile
+    late.poll_once()
+    assert late.serving().version == 1  # what the others serve, not the version announced for later
+    time.sleep(max(0.0, moment - time.time()) + 0.01)
+    assert [s.serving().version for s in (a, b, late)] == [2, 2, 2]  # on the request path, no poll needed
+    assert a.late_swaps == b.late_swaps == late.late_swaps == 0
+
+
+def test_a_pin_switches_every_replica_at_the_same_moment(run_dir):
+    a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=0.5, poll_interval_s=0.1) for _ in range(2))
+    for v in (1, 2):
+        write_checkpoint(run_dir, v)
+    for s in (a, b):
+        s.poll_once()
+    time.sleep(0.55)
+    assert a.serving().version == b.serving().version == 2
+    pin_version(run_dir.parent, run_dir.name, 1)
+    moment = (run_dir / "PINNED").stat().st_mtime + 0.5
+    a.poll_once()
+    b.poll_once()
+    assert a.serving().version == b.serving().version == 2
+    time.sleep(max(0.0, moment - time.time()) + 0.01)
+    assert a.serving().version == b.serving().version == 1
+    unpin(run_dir.parent, run_dir.name)
+    a.poll_once()  # back to the newest approved version at once: no moment to wait for
+    assert a.serving().version == 2 and a.late_swaps == 0
+
+
+def test_decisions_of_pruned_checkpoints_are_dropped(run_dir):
+    store = ModelStore(FRAUD, run_dir)
+    for v in range(1, 5):
+        write_checkpoint(run_dir, v)
+        store.poll_once()
+    checkpoint.prune(run_dir, keep=1)
+    write_checkpoint(run_dir, 5)
+    store.poll_once()
+    assert store.current.version == 5
+    assert sorted(p.name for p in (run_dir / "decisions").glob("v*.json")) == ["v000000004.json",
+                                                                               "v000000005.json"]

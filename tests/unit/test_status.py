@@ -89,3 +89,10 @@ def test_status_command_once_without_sources_prints_plain_unavailable(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("unavailable") == 2, done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_status_shows_the_lineage_decision_and_the_next_swap():
+    model = MODEL | {"decision": {"version": 41, "approved": True, "by": "node-a:311", "compared_with": 39},
+                     "next": [{"version": 43, "serve_at": NOW + 0.6}], "late_swaps": 2}
+    flat = " ".join(render_text(SNAPSHOT, model, now=NOW).split())
+    assert "approved by node-a:311 against v39; next v43 in 0.6 s; 2 late swaps on this replica" in flat, flat

@@ -1,0 +1,120 @@
+"""Two Serve replicas, a real trainer writing checkpoints, keep-alive clients: one version for all.
+
+Before issue 14 each replica gated checkpoints against its own model, so replicas that started
+at different moments served different versions and a caller routed between them saw v4, v7,
+v4. Now one decision per version is recorded beside the checkpoints and every replica switches
+at the moment it announces (streamlearn/serve/gate.py). Checked here the strongest way a caller
+can observe it: whenever an answer arrived before another request was sent, from any client,
+the later answer's version is not lower.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from ray import serve
+
+from load.generator import run_load
+from load.profiles import Constant
+from streamlearn.config import TrainConfig
+from streamlearn.kafka.broker import free_port
+from streamlearn.serve.app import deploy, shutdown
+from streamlearn.serve.config import ServeConfig
+from streamlearn.train.trainer import run_dir, train
+
+from .test_serve import EVENT, wait_for
+
+pytestmark = pytest.mark.integration
+
+CLIENTS = 4
+
+
+class Client(threading.Thread):
+    """One keep-alive connection sending request after request: (sent, received, status, version)."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.stop, self.results = url, threading.Event(), []
+
+    def run(self):
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            while not self.stop.is_set():
+                sent = time.monotonic()
+                try:
+                    r = client.post("/score", json=EVENT)
+                    version = r.json().get("version") if r.status_code == 200 else None
+                    self.results.append((sent, time.monotonic(), r.status_code, version))
+                except httpx.HTTPError as e:
+                    self.results.append((sent, time.monotonic(), repr(e), None))
+
+
+def backwards(results: list[tuple]) -> list[tuple]:
+    """Pairs (earlier answer, later request) where the later request, sent after the earlier answer
+    arrived, was answered with a lower version: what a caller (or two callers comparing notes) sees."""
+    by_sent = sorted(results)
+    found, newest_answered, pending = [], None, sorted(results, key=lambda r: r[1])
+    i = 0
+    for r in by_sent:
+        while i < len(pending) and pending[i][1] < r[0]:  # answers received before r was sent
+            if newest_answered is None or pending[i][3] > newest_answered[3]:
+                newest_answered = pending[i]
+            i += 1
+        if newest_answered is not None and r[3] < newest_answered[3]:
+            found.append((newest_answered, r))
+    return found
+
+
+def test_two_replicas_serve_one_version_at_a_time_through_swaps(kafka, kafka_settings, ray_cluster, topic, tmp_path):
+    cfg = TrainConfig(topic=topic, workers=1, cpus_per_worker=0.5, checkpoint_dir=str(tmp_path / "ckpt"),
+                      run_name=f"fraud-{topic}", checkpoint_every_s=1.0, checkpoint_every_steps=10_000,
+                      window_events=1000, until_idle_s=4.0, batch_size=128, keep_checkpoints=1000)
+    serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline="fraud",
+                            port=free_port(), min_replicas=2, max_replicas=2, quality_tolerance=0.05,
+                            poll_interval_s=0.25, auth_token=None)
+    url = deploy(serve_cfg)
+    clients = [Client(url) for _ in range(CLIENTS)]
+    produced = threading.Thread(target=run_load, daemon=True, kwargs=dict(
+        bootstrap=kafka.bootstrap, topic=topic, partitions=4, profile=Constant(1500), duration=35, seed=14))
+    trained: dict = {}
+    trainer = threading.Thread(target=lambda: trained.update(train(cfg, kafka_settings)), daemon=True)
+    try:
+        replicas = serve.status().applications[serve_cfg.app_name].deployments["Scorer"].replica_states
+        assert replicas.get("RUNNING") == 2, replicas
+        produced.start()
+        trainer.start()
+        with httpx.Client(base_url=url, timeout=10) as probe:  # the first model: no caller before it
+            assert wait_for(lambda: probe.post("/score", json=EVENT).status_code == 200, 180, interval=0.5)
+        for client in clients:
+            client.start()
+        produced.join(120)
+        trainer.join(300)
+        assert trained.get("events_learned", 0) > 0, trained
+        time.sleep(2.0)  # the last checkpoint's moment comes and goes under load
+    finally:
+        for client in clients:
+            client.stop.set()
+        for client in clients:
+            client.join(15)
+        shutdown()
+
+    results = [r for c in clients for r in c.results]
+    failed = [r for r in results if r[2] != 200]
+    versions = sorted({r[3] for r in results if r[3] is not None})
+    print(f"{len(results)} requests from {CLIENTS} clients; versions served: {versions}")
+    assert not failed, f"{len(failed)} of {len(results)} requests failed, e.g. {failed[:3]}"
+    assert len(versions) >= 6, f"only {len(versions) - 1} swaps seen by the clients: {versions}"
+    for client in clients:  # each caller's own answers never go back
+        own = [v for *_, v in client.results]
+        assert own == sorted(own)
+    crossed = backwards(results)
+    assert not crossed, f"{len(crossed)} answers went back after a newer one had been given, e.g. {crossed[:3]}"
+
+    # Every version a caller saw was approved, once, in the lineage's record.
+    ledger = run_dir(cfg) / "decisions"
+    for version in versions:
+        decision = json.loads((ledger / f"v{version:09d}.json").read_text())
+        assert decision["approved"] is True and decision["version"] == version
