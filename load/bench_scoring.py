@@ -12,9 +12,9 @@ environment when Ray's processes start. The baseline is measured again right bef
 variant, and each variant's ratio is against that adjacent baseline (the machine is noisy).
 
 The HTTP endpoints (uvicorn, Serve's proxy, HAProxy's frontend, the replicas' own ports) listen on
-127.0.0.1 and the client only talks to 127.0.0.1. Ray's internal ports and HAProxy's stats/metrics
-ports bind to all interfaces (Ray's templates; only their port numbers can be chosen, and this
-script picks free ones); each variant's listening sockets are recorded in the JSON. Every run is
+127.0.0.1 and the client only talks to 127.0.0.1; so do HAProxy's stats and metrics ports, through the
+project's loopback wrapper (streamlearn/serve/ingress.py). Ray's internal ports bind to all interfaces
+(token auth guards them); each variant's listening sockets are recorded in the JSON. Every run is
 bounded in time. Needs `wrk` on PATH (`apt-get install -y wrk`).
 """
 
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from load.bench_common import BENCH_DIR, machine_line, median, write_json, write_section
+from streamlearn.serve.ingress import with_ingress
 
 CFG_ENV = "STREAMLEARN_BENCH_SCORING_CFG"
 CONNECTIONS = (1, 8)
@@ -46,19 +47,28 @@ TARGET_RATIO, TARGET_P99_MS = 0.5, 10.0
 # call over what streamlearn.serve's deploy() sets, to measure a change to the service. deploy() itself sets
 # logging_config (no access log, level WARNING) since 2026-11-22 04:38, so every other row has that.
 ACCESS_LOG = {"logging_config": {"enable_access_log": True, "log_level": "INFO"}}  # Serve's default
+# Since 2026-11-24 every Ray start of the project (and so every variant's child) gets Serve's HAProxy ingress
+# on loopback with throughput-optimised mode (streamlearn/serve/ingress.py); a variant's own environment wins,
+# so the proxy-actor rows switch it off and the plain-HAProxy rows switch throughput mode off.
+PROXY_ACTOR, NO_TPUT = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
 HAPROXY, TPUT = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 R1, R2 = {"min_replicas": 1, "max_replicas": 1}, {"min_replicas": 2, "max_replicas": 2}
 VARIANTS: dict[str, tuple] = {
-    "defaults": ("Serve, project defaults (autoscaling 1-2 replicas, target 4 ongoing, max_ongoing_requests 16, "
-                 "proxy actor)", {}, {}),
-    "r1": ("Serve, 1 replica (proxy actor)", {}, R1),
-    "r2": ("Serve, 2 replicas (proxy actor)", {}, R2),
-    "r1_mor100": ("Serve, 1 replica, max_ongoing_requests 100 (proxy actor)", {}, R1 | {"max_ongoing_requests": 100}),
-    "r2_mor4": ("Serve, 2 replicas, max_ongoing_requests 4 (proxy actor)", {}, R2 | {"max_ongoing_requests": 4}),
-    "tput_r1": ("Serve, 1 replica, RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (proxy actor, gRPC to replica)", TPUT, R1),
+    "defaults": ("Serve, project defaults (HAProxy ingress on loopback + throughput-optimised, autoscaling 1-2 "
+                 "replicas, target 4 ongoing, max_ongoing_requests 16)", {}, {}),
+    "proxy_actor": ("Serve, the defaults before 2026-11-24: Serve's proxy actor, autoscaling 1-2 replicas",
+                    PROXY_ACTOR, {}),
+    "r1": ("Serve, 1 replica (proxy actor)", PROXY_ACTOR, R1),
+    "r2": ("Serve, 2 replicas (proxy actor)", PROXY_ACTOR, R2),
+    "r1_mor100": ("Serve, 1 replica, max_ongoing_requests 100 (proxy actor)", PROXY_ACTOR,
+                  R1 | {"max_ongoing_requests": 100}),
+    "r2_mor4": ("Serve, 2 replicas, max_ongoing_requests 4 (proxy actor)", PROXY_ACTOR,
+                R2 | {"max_ongoing_requests": 4}),
+    "tput_r1": ("Serve, 1 replica, RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (proxy actor, gRPC to replica)",
+                PROXY_ACTOR | TPUT, R1),
     "haproxy_r1": ("Serve, 1 replica, RAY_SERVE_ENABLE_HA_PROXY=1 (HAProxy → replica's own HTTP server)",
-                   HAPROXY, R1),
-    "haproxy_r2": ("Serve, 2 replicas, RAY_SERVE_ENABLE_HA_PROXY=1", HAPROXY, R2),
+                   HAPROXY | NO_TPUT, R1),
+    "haproxy_r2": ("Serve, 2 replicas, RAY_SERVE_ENABLE_HA_PROXY=1", HAPROXY | NO_TPUT, R2),
     "haproxy_tput_r1": ("Serve, 1 replica, HAProxy + RAY_SERVE_THROUGHPUT_OPTIMIZED=1", HAPROXY | TPUT, R1),
     "haproxy_tput_r1_nbt1": ("Serve, 1 replica, HAProxy (1 thread) + RAY_SERVE_THROUGHPUT_OPTIMIZED=1",
                              HAPROXY | TPUT | {"RAY_SERVE_HAPROXY_NBTHREAD": "1"}, R1),
@@ -68,9 +78,11 @@ VARIANTS: dict[str, tuple] = {
     "haproxy_tput_r2": ("Serve, 2 replicas, HAProxy + RAY_SERVE_THROUGHPUT_OPTIMIZED=1", HAPROXY | TPUT, R2),
     "haproxy_tput_r2_nbt1": ("Serve, 2 replicas, HAProxy (1 thread) + RAY_SERVE_THROUGHPUT_OPTIMIZED=1",
                              HAPROXY | TPUT | {"RAY_SERVE_HAPROXY_NBTHREAD": "1"}, R2),
+    "defaults_nbt1": ("Serve, project defaults with HAProxy on 1 thread (RAY_SERVE_HAPROXY_NBTHREAD=1)",
+                      {"RAY_SERVE_HAPROXY_NBTHREAD": "1"}, {}),
 }
-DEFAULT_VARIANTS = ("defaults", "r1", "r2", "r1_mor100", "tput_r1", "haproxy_r1", "haproxy_r2", "haproxy_tput_r1",
-                    "haproxy_tput_r1_nbt1", "haproxy_tput_r1_accesslog", "haproxy_tput_r2", "haproxy_tput_r2_nbt1")
+# The defaults against the old defaults, each measured twice in the run (an A/B repeat gives the spread).
+DEFAULT_VARIANTS = ("defaults", "proxy_actor", "defaults#2", "proxy_actor#2", "defaults#3")
 
 LUA = r"""
 local bodies = {%(bodies)s}
@@ -296,26 +308,9 @@ class ServeVariant:
         self.name, self.desc, self.env = name, desc, env
         self.cfg = cfg_kwargs(cfg, port=free_port(), **overrides)
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="slr-", dir="/tmp"))  # short: Ray's socket paths have a limit
-        haproxy_dir = self.ray_tmp / "haproxy"
-        haproxy_dir.mkdir()
-        child_env = os.environ | env | {
-            # Our own HAProxy files, not /tmp/haproxy-serve shared with any other Serve on this machine.
-            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(haproxy_dir / "haproxy.cfg"),
-            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(haproxy_dir / "admin.sock"),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(haproxy_dir),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(haproxy_dir / "server-state"),
-            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(haproxy_dir / "metrics.sock"),
-            # Free ports instead of Ray's fixed defaults (8404, 9101, 8500, 9500), which anything else
-            # on this machine may hold.
-            "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
-            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
-            # Start-up only: on a loaded 2-core machine a proxy (or HAProxy's manager) can take longer than
-            # the 5 s readiness check, and Serve then kills it in a loop. No effect on the request path.
-            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
-            "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
-        }
+        # What every Ray start of the project gets (HAProxy files and ports of this variant's own), under
+        # the variant's own switches.
+        child_env = with_ingress(os.environ | env, self.ray_tmp)
         child_env.pop("RAY_ADDRESS", None)
         self.log = tmp / f"serve-{name}.log"
         spec = {"cfg": self.cfg, "ray_tmp": str(self.ray_tmp), "deploy_options": rest[0] if rest else None}

@@ -117,7 +117,10 @@ def up(spec: ClusterSpec) -> LocalCluster:
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
     # Token auth on: Ray's servers listen beyond loopback, and only holders of the token get in.
-    env = {**os.environ, **client_env(port), "RAY_FAKE_CLUSTER": "1"}
+    from streamlearn.serve.ingress import with_ingress  # here: the serve package imports torch
+
+    # Serve's HAProxy ingress on loopback too (streamlearn/serve/ingress.py): Ray's processes read it at start.
+    env = with_ingress({**os.environ, **client_env(port), "RAY_FAKE_CLUSTER": "1"}, _temp_dir(port))
     for attempt in range(3):
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
         if done.returncode == 0:

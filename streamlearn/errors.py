@@ -39,3 +39,7 @@ class PipelineError(StreamlearnError):
 
 class IngestError(StreamlearnError):
     """The Ray Data stream broke the window contract (ended early, or more rows than offsets)."""
+
+
+class ServeError(StreamlearnError):
+    """The scorer was deployed but does not answer at its URL."""
