@@ -326,14 +326,23 @@ class ModelStore:
         if current is None and late < 0:
             # Started between an approval and its moment: serve what the others serve until then.
             self.current = self._previous_due(version, paths)
+            if self.current is None:
+                # Nothing was ever due, so every replica answers 503 until one serves: the first
+                # model of a lineage is served at once, with nothing older to disagree with.
+                self.current = replace(model, swapped_at=time.time())
+                return
         # What was announced for earlier stays queued (every replica serves it in its turn); what
         # was announced for later is overruled by this newer target (a pin over an approval).
         self._queue = tuple(m for m in self._queue if m.swapped_at < moment) + (model,)
 
     def _previous_due(self, version: int, paths: dict[int, Path]) -> ServingModel | None:
+        """What the other replicas serve now: the newest earlier approval whose moment has come,
+        else the lineage's first approval (served at once, before its moment)."""
         now = time.time()
-        due = [d for v, d in self._decisions.items() if d.approved and v < version and v in paths and d.serve_at <= now]
-        for decision in sorted(due, key=lambda d: d.version, reverse=True):
+        approved = sorted((d for v, d in self._decisions.items() if d.approved and v < version and v in paths),
+                          key=lambda d: d.version, reverse=True)
+        due = [d for d in approved if d.serve_at <= now] or approved[-1:]
+        for decision in due:
             model = self._build(decision.version, paths[decision.version], decision.serve_at, False)
             if model is not None:
                 return model
