@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from ray import serve
 
 from streamlearn import metrics
-from streamlearn.errors import BadEvent, ConfigError
+from streamlearn.errors import BadEvent, ConfigError, ServeError
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
 from streamlearn.schema import reason_code
@@ -255,27 +255,70 @@ def deploy(cfg: ServeConfig) -> str:
     """Start Serve's proxy on cfg.host:cfg.port (if not yet running) and (re)deploy this
     application; returns its base URL once a replica is up. Ray must be initialized, or
     Serve starts a local Ray of its own in this process."""
-    load_pipeline(cfg.pipeline)  # fail here, with its message, not in a replica Serve keeps restarting
-    if checkpoint.newest(cfg.run_dir) is None:
-        log("serve_no_checkpoint_yet", level="warning", run_dir=str(cfg.run_dir),
-            hint="/score answers 503 until the trainer writes a checkpoint")
+    application = scorer_app(cfg)  # before Serve starts: a wrong pipeline fails here, with its message
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     running = _proxy_address()
     if running is not None and running != (cfg.host, cfg.port):
         # Serve keeps its first proxy settings; deploying anyway would hand back a wrong URL.
         raise ConfigError(f"Ray Serve already listens on {running[0]}:{running[1]}; deploy with that host/port "
                           "(--host/--port), or shut Serve down first (`serve.shutdown()`)")
-    deployment = Scorer.options(
+    serve.run(application, name=cfg.app_name, route_prefix=cfg.route_prefix)
+    _until_answering(cfg.url)
+    log("serve_deployed", app=cfg.app_name, url=cfg.url, run_dir=str(cfg.run_dir))
+    return cfg.url
+
+
+def _until_answering(url: str, timeout_s: float = 60.0) -> None:
+    """serve.run returns once the replicas run; with the HAProxy ingress the route reaches
+    HAProxy a moment later (a config reload), and a caller told "deployed" before that got an
+    answer that was not the scorer's. Deployed means the scorer answers at its URL."""
+    import httpx  # the serve extra's client; here only, the replicas never need it
+
+    deadline, problem = time.monotonic() + timeout_s, "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.get(f"{url}/healthz", timeout=5.0)
+            if answer.status_code == 200 and answer.json().get("status") == "ok":
+                return
+            problem = f"HTTP {answer.status_code}: {answer.text[:200]}"
+        except (httpx.HTTPError, ValueError) as e:
+            problem = repr(e)
+        time.sleep(0.2)
+    raise ServeError(f"the scorer was deployed but {url}/healthz did not answer within {timeout_s:.0f}s "
+                      f"({problem}); see the Serve logs in the Ray dashboard")
+
+
+def app_builder(args: dict[str, Any]) -> serve.Application:
+    """The scorer for `serve run` and Serve config files, Ray Serve's application-builder way:
+
+        serve run streamlearn.serve.app:app_builder pipeline=fraud checkpoint_dir=/x
+        serve run deploy/serve/fraud.yaml   (import_path: streamlearn.serve.app:app_builder, args: {...})
+
+    `args` are ServeConfig's fields (strings from the command line are converted). They say what
+    runs, not where it listens: Serve's proxy takes its host and port from the config file's
+    `http_options` (under `serve run module:builder`, Serve's defaults: port 8000, on every
+    interface with the HAProxy ingress), and the route and name from the application entry
+    (`--route-prefix`/`--name`). So `host`, `port`,
+    `route_prefix` and `app_name`, which `deploy` uses, are refused here rather than silently
+    ignored, as is `auth_token`: Serve stores args in plain text, so the token comes from
+    STREAMLEARN_SERVE_TOKEN in the cluster's environment."""
+    return scorer_app(ServeConfig.from_args(args))
+
+
+def scorer_app(cfg: ServeConfig) -> serve.Application:
+    """The Scorer bound to `cfg`, with the deployment options both `deploy` and `app_builder` use."""
+    load_pipeline(cfg.pipeline)  # fail here, with its message, not in a replica Serve keeps restarting
+    if checkpoint.newest(cfg.run_dir) is None:
+        log("serve_no_checkpoint_yet", level="warning", run_dir=str(cfg.run_dir),
+            hint="/score answers 503 until the trainer writes a checkpoint")
+    return Scorer.options(
         autoscaling_config=cfg.autoscaling(),
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options={"num_cpus": cfg.num_cpus},
         # A per-request access-log line roughly doubled p99 on 2 cores (load/bench_scoring.py);
         # swaps, rejections and errors still log (WARNING and our own structured lines).
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
-    )
-    serve.run(deployment.bind(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
-    log("serve_deployed", app=cfg.app_name, url=cfg.url, run_dir=str(cfg.run_dir))
-    return cfg.url
+    ).bind(cfg)
 
 
 def _proxy_address() -> tuple[str, int] | None:

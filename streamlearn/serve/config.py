@@ -8,10 +8,13 @@ to fix it, not later inside a replica that Serve keeps restarting.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, get_type_hints
 
 from pydantic import SecretStr
 
@@ -21,6 +24,15 @@ TOKEN_ENV = "STREAMLEARN_SERVE_TOKEN"
 # Noticing a new checkpoint within 2 s needs polls well inside that; slower polls would
 # break the freshness promise of the scoring API.
 MAX_POLL_INTERVAL_S = 1.0
+# Where an application listens, and the token, are not the builder's to set under `serve run`
+# or a RayService: each has its place there, named in the refusal.
+NOT_BUILDER_ARGS = {
+    "host": "Serve's proxy listens where the Serve config's http_options.host says",
+    "port": "Serve's proxy listens where the Serve config's http_options.port says",
+    "route_prefix": "set the application's route_prefix in the Serve config (or `serve run --route-prefix`)",
+    "app_name": "set the application's name in the Serve config (or `serve run --name`)",
+    "auth_token": f"args are stored and shown in plain text: set {TOKEN_ENV} in the cluster's environment",
+}
 
 
 @dataclass(frozen=True)
@@ -118,3 +130,33 @@ class ServeConfig:
             "upscale_delay_s": self.upscale_delay_s,
             "downscale_delay_s": self.downscale_delay_s,
         }
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> ServeConfig:
+        """A config from an application builder's args: `key=value` strings from `serve run`'s
+        command line, or YAML scalars from a Serve config file's `args`."""
+        valid = [f.name for f in dataclasses.fields(cls) if f.name not in NOT_BUILDER_ARGS]
+        for key in args:
+            if key in NOT_BUILDER_ARGS:
+                raise ConfigError(f"serve argument {key!r} is not taken here: {NOT_BUILDER_ARGS[key]}")
+            if key not in valid:
+                raise ConfigError(f"unknown serve argument {key!r}; valid arguments: {', '.join(valid)}")
+        types = get_type_hints(cls)
+        values = {key: _typed(key, value, types[key]) for key, value in args.items()}
+        if "checkpoint_dir" in values:  # "~" as on the trainer's command line, on the node that builds
+            values["checkpoint_dir"] = os.path.expanduser(values["checkpoint_dir"])
+        return cls(**values)
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    """`value` as the field's type: the command line gives strings, YAML gives scalars."""
+    wanted = {str: "a string", int: "an integer", float: "a number"}[kind]  # every builder arg's type
+    typed = None
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        try:
+            typed = kind(value)
+        except ValueError:
+            pass
+    if typed is None or (kind is int and typed != value and not isinstance(value, str)):  # 2.5 is no int
+        raise ConfigError(f"serve argument {key!r} must be {wanted}, got {value!r}")
+    return typed

@@ -1,12 +1,16 @@
-"""Static checks of deploy/kuberay/*.yaml and the Dockerfiles: no Kubernetes, no Docker.
+"""Static checks of deploy/kuberay/*.yaml, deploy/serve/*.yaml and the Dockerfiles: no
+Kubernetes, no Docker, no Ray cluster.
 
 What can drift from the code is checked against the code: the Ray version (requirements.txt),
 the image tags (the Dockerfiles' build comments), the CPUs a Train worker asks for
-(TrainConfig), and the CLI flags the jobs run (streamlearn.cli).
+(TrainConfig), the CLI flags the jobs run (streamlearn.cli), and the Serve applications
+(Ray's own config schema, and the builder called with each application's args as `serve run`
+calls it).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
 import subprocess
@@ -16,6 +20,9 @@ from pathlib import Path
 import pytest
 import typer.main
 import yaml
+from ray._common.utils import import_attr  # what `serve run` and Serve's controller import with
+from ray.serve._private.api import call_user_app_builder_with_args_if_necessary  # pinned Ray 2.60
+from ray.serve.schema import ServeDeploySchema
 
 from streamlearn.cli import app
 from streamlearn.config import REPO_ROOT, TrainConfig
@@ -23,6 +30,7 @@ from streamlearn.config import REPO_ROOT, TrainConfig
 KUBERAY = REPO_ROOT / "deploy" / "kuberay"
 DOCKERFILES = {"cpu": REPO_ROOT / "Dockerfile", "gpu": REPO_ROOT / "Dockerfile.gpu"}
 MANIFESTS = sorted(KUBERAY.glob("*.yaml"))
+SERVE_CONFIGS = sorted((REPO_ROOT / "deploy" / "serve").glob("*.yaml"))
 MOUNT = "/checkpoints"
 
 
@@ -56,7 +64,13 @@ def clusters() -> list[tuple[str, dict]]:
             out.append((f"{name}:{d['metadata']['name']}", spec))
         elif "rayClusterSpec" in spec:
             out.append((f"{name}:{d['metadata']['name']}", spec["rayClusterSpec"]))
+        elif "rayClusterConfig" in spec:
+            out.append((f"{name}:{d['metadata']['name']}", spec["rayClusterConfig"]))
     return out
+
+
+def services() -> list[tuple[str, dict]]:
+    return [(f"{name}:{d['metadata']['name']}", d) for name, d in ALL if d["kind"] == "RayService"]
 
 
 def groups(spec: dict) -> list[dict]:
@@ -144,37 +158,84 @@ def test_job_entrypoints_parse_with_the_cli(job):
     for var in re.findall(r"\$\((\w+)\)", entrypoint):  # the kubelet expands $(VAR) only if the pod defines it
         assert var in submitter_env, f"{var} is not in the submitter pod's env"
     command, args = command_of(re.sub(r"\$\(\w+\)", "placeholder:9092", entrypoint))
-    assert command.name in ("train", "up"), entrypoint
+    assert command.name == "train", entrypoint  # scoring is the RayService's
     # Parses and type-checks every flag and value (an unknown one raises) without running it.
     ctx = command.make_context(f"streamlearn {command.name}", args)
     assert ctx.params["checkpoint_dir"] == MOUNT, "jobs must use the shared checkpoint volume"
-    if command.name == "train":
-        spec = job["spec"]["rayClusterSpec"]
-        room = sum(g["maxReplicas"] * cpus(g) for g in groups(spec))
-        most = max(ctx.params["workers"], ctx.params["max_workers"] or 0)
-        assert most * ctx.params["cpus_per_worker"] <= room, "the cluster cannot hold --max-workers"
-        assert (ctx.params["min_workers"] or 1) <= most
-    else:
-        service = next(d for _, d in ALL if d["kind"] == "Service")
-        assert ctx.params["host"] == "0.0.0.0" and ctx.params["port"] == service["spec"]["ports"][0]["targetPort"]
+    spec = job["spec"]["rayClusterSpec"]
+    room = sum(g["maxReplicas"] * cpus(g) for g in groups(spec))
+    most = max(ctx.params["workers"], ctx.params["max_workers"] or 0)
+    assert most * ctx.params["cpus_per_worker"] <= room, "the cluster cannot hold --max-workers"
+    assert (ctx.params["min_workers"] or 1) <= most
 
 
 def test_pods_mount_checkpoints_and_take_the_kafka_password_from_a_secret():
     claims = {d["metadata"]["name"] for _, d in ALL if d["kind"] == "PersistentVolumeClaim"}
+    scoring_only = dict(services())  # reads checkpoints, never Kafka: no Kafka password to hold
     for name, spec in clusters():
         pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups(spec)]
         for pod, container in zip(pods, ray_containers(spec), strict=True):
             assert {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]} <= claims, name
             assert MOUNT in {m["mountPath"] for m in container["volumeMounts"]}, name
             env = {e["name"]: e for e in container["env"]}
-            assert "secretKeyRef" in env["STREAMLEARN_KAFKA_SASL_PASSWORD"]["valueFrom"], name
+            if name in scoring_only:
+                assert not [e for e in env if e.startswith("STREAMLEARN_KAFKA_")], name
+            else:
+                assert "secretKeyRef" in env["STREAMLEARN_KAFKA_SASL_PASSWORD"]["valueFrom"], name
             assert not [e for e in env if re.search("PASSWORD|TOKEN", e) and "value" in env[e]], name
 
 
-def test_serving_job_targets_the_long_lived_cluster():
-    serving = next(j for n, j in entrypoints() if n.startswith("rayservice.yaml"))
-    names = {d["metadata"]["name"] for _, d in ALL if d["kind"] == "RayCluster"}
-    assert serving["spec"]["clusterSelector"]["ray.io/cluster"] in names
+def serve_config(text: str) -> ServeDeploySchema:
+    """A Serve config file as `serve run` reads it: YAML, then Ray's own schema."""
+    return ServeDeploySchema.model_validate(yaml.safe_load(text))
+
+
+def built(application) -> dict:
+    """Calls the application's builder with its args, as Serve does; returns the bound ServeConfig's
+    fields. A builder that is not one, or args that make no valid ServeConfig, fail here."""
+    builder = import_attr(application.import_path)
+    assert inspect.isfunction(builder), f"{application.import_path} is not an application builder function"
+    bound = call_user_app_builder_with_args_if_necessary(builder, application.args)
+    (cfg,) = bound._bound_deployment.init_args  # pinned Ray 2.60: what the Scorer is bound to
+    return vars(cfg)
+
+
+def test_the_rayservice_deploys_the_app_builder_on_the_checkpoint_volume():
+    assert [name for name, _ in services()] == ["rayservice.yaml:streamlearn-scorer"]
+    for name, service in services():
+        config = serve_config(service["spec"]["serveConfigV2"])
+        head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+        serve_port = next(p["containerPort"] for p in head["ports"] if p["name"] == "serve")
+        # Inside the pod: KubeRay's serve Service reaches the proxy on the pod's own address.
+        assert (config.http_options.host, config.http_options.port) == ("0.0.0.0", serve_port), name
+        for application in config.applications:
+            assert application.import_path == "streamlearn.serve.app:app_builder", name
+            cfg = built(application)
+            assert cfg["checkpoint_dir"] == MOUNT, "the scorer must read the checkpoints training writes"
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=[p.name for p in SERVE_CONFIGS])
+def test_serve_config_files_build_the_application_they_name(path):
+    text = path.read_text()
+    assert f"serve run deploy/serve/{path.name}" in text, "the header must say how to run it"
+    config = serve_config(text)
+    assert config.http_options.host == "127.0.0.1", "a local default listens on loopback only"
+    for application in config.applications:
+        cfg = built(application)
+        assert Path(cfg["checkpoint_dir"]).is_absolute(), "checkpoint_dir must resolve where Serve builds it"
+
+
+def test_the_rayservice_serves_what_the_local_config_serves():
+    """One application, two places: only where it listens, its checkpoints and its replica bounds differ."""
+    place = ("checkpoint_dir", "min_replicas", "max_replicas")
+
+    def apps(config: ServeDeploySchema) -> dict:
+        return {a.name: (a.import_path, a.route_prefix, {k: v for k, v in a.args.items() if k not in place})
+                for a in config.applications}
+
+    local = serve_config((REPO_ROOT / "deploy" / "serve" / "fraud.yaml").read_text())
+    (_, service), = services()
+    assert apps(serve_config(service["spec"]["serveConfigV2"])) == apps(local)
 
 
 @pytest.mark.parametrize("kind", ["cpu", "gpu"])
