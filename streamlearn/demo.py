@@ -1,13 +1,15 @@
 """`make demo`: the whole system on one machine, live.
 
-Starts (and on exit stops, by what it started) an embedded Kafka broker and a Ray head
-with the dashboard, submits continuous training as a Ray job, deploys the scorer on Ray
-Serve, runs the load generator, and shows one live status line until Ctrl-C or --duration.
+Starts (and on exit stops, by what it started) an embedded Kafka broker, a Prometheus for
+Ray's metrics and a Ray head whose dashboard reads it, submits continuous training as a Ray
+job, deploys the scorer on Ray Serve, runs the load generator, and shows one live status line
+until Ctrl-C or --duration.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -17,8 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamlearn.config import REPO_ROOT, KafkaSettings, cache_dir
+from streamlearn.errors import StreamlearnError
 from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
+from streamlearn.localray import ClientAuth, client_auth, ray_cli, start_local_ray
+from streamlearn.monitor import PROMETHEUS_HOST_VAR, Monitor, follow_session, up_before_head
 from streamlearn.train import checkpoint as ckpt
 
 
@@ -42,7 +47,6 @@ def run_demo(cfg: DemoConfig) -> None:
 
     from load.generator import run_load
     from load.profiles import parse_profile
-    from streamlearn.localray import start_local_ray
     from streamlearn.serve import ServeConfig, deploy
     from streamlearn.serve import shutdown as serve_shutdown
 
@@ -55,11 +59,10 @@ def run_demo(cfg: DemoConfig) -> None:
         kafka = KafkaSettings(bootstrap=broker.bootstrap)
         ensure_topics(kafka, {cfg.topic: cfg.partitions, f"{cfg.topic}.dlq": 1})
 
-        say("starting Ray (head + dashboard) ...")
         dashboard_port = cfg.dashboard_port if not port_in_use(cfg.dashboard_port) else free_port()
-        ctx = start_local_ray(num_cpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=True,
-                              dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
-                              configure_logging=False)
+        ctx, prometheus = start_ray(dashboard_port, cfg.home / "prometheus")
+        if prometheus is not None:
+            cleanup.callback(prometheus.down)
         cleanup.callback(ray.shutdown)
         dashboard = f"http://{ctx.dashboard_url}"
 
@@ -83,7 +86,8 @@ def run_demo(cfg: DemoConfig) -> None:
             drift_at=cfg.drift_at, seed=int(time.time())))
         generator.start()  # a daemon bounded by --duration: it ends with the demo
 
-        print_banner(dashboard, url, broker.bootstrap, job_id, serve_cfg.run_dir)
+        print(banner(dashboard, url, broker.bootstrap, job_id, serve_cfg.run_dir, client_auth(),
+                     os.environ.get(PROMETHEUS_HOST_VAR)), flush=True)
         watch(cfg, kafka, url, serve_cfg.run_dir, until=time.monotonic() + (cfg.duration_s or float("inf")))
         say("stopping everything the demo started ...")
 
@@ -100,13 +104,54 @@ def _submit(jobs, entrypoint: str, patience_s: float = 60.0) -> str:
             time.sleep(1.0)
 
 
-def print_banner(dashboard: str, url: str, bootstrap: str, job_id: str, run_dir: Path) -> None:
+def start_ray(dashboard_port: int, prometheus_dir: Path, object_store_mb: int = 300):
+    """The demo's Ray, also the integration tests' session cluster, so what the banner tells the
+    user is tested on the demo's kind of head (token auth on: Ray 2.60's default for a new local
+    head while RAY_AUTH_MODE is unset). Prometheus starts first: the dashboard reads its URL once,
+    at start. Logical CPUs exceed the 2 real cores on purpose: every actor and worker asks for a
+    fraction, and the sum must fit the logical count. The caller stops Ray and the Prometheus
+    (None if none started)."""
+    prometheus = _start_prometheus(prometheus_dir)
+    if prometheus is not None:
+        os.environ[PROMETHEUS_HOST_VAR] = prometheus.url  # inherited by the dashboard
+    say("starting Ray (head + dashboard) ...")
+    try:
+        ctx = start_local_ray(num_cpus=4, object_store_memory=object_store_mb * 1024 * 1024, include_dashboard=True,
+                              dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
+                              configure_logging=False)
+        if prometheus is not None:
+            follow_session(prometheus)
+    except BaseException:
+        if prometheus is not None:
+            prometheus.down()
+        raise
+    return ctx, prometheus
+
+
+def _start_prometheus(data_dir: Path) -> Monitor | None:
+    """Ray's metrics for the dashboard. Without a Prometheus the demo runs on, with no metrics."""
+    if os.environ.get(PROMETHEUS_HOST_VAR):
+        say(f"using the Prometheus at ${PROMETHEUS_HOST_VAR} ({os.environ[PROMETHEUS_HOST_VAR]}): it must "
+            "scrape this Ray itself (deploy/prometheus/prometheus.yml)")
+        return None
+    say("starting Prometheus (for the dashboard) ...")
+    try:
+        return up_before_head(data_dir)
+    except StreamlearnError as e:
+        say(f"WARNING: going on without Prometheus, so the dashboard has no metrics: {e}")
+        return None
+
+
+def banner(dashboard: str, url: str, bootstrap: str, job_id: str, run_dir: Path, auth: ClientAuth,
+           prometheus: str | None) -> str:
     sample = json.dumps({"event_id": "demo-1", "event_time": int(time.time() * 1000), "customer_id": "c42",
                          "amount": 912.5, "currency": "EUR", "merchant_category": "electronics",
                          "merchant_country": "NG", "channel": "ecom", "card_present": False, "customer_age": 23,
                          "account_tenure_days": 40, "is_fraud": False})
-    print(f"""
+    return f"""
   Ray dashboard   {dashboard}   (job {job_id}: continuous training)
+{_ray_access(dashboard, auth)}
+  Prometheus      {_prometheus(prometheus)}
   Kafka           {bootstrap}   topic transactions, dead letters in transactions.dlq
   Scoring API     {url}/score   GET {url}/model   GET {url}/healthz   docs {url}/docs
   Checkpoints     {run_dir}
@@ -114,7 +159,25 @@ def print_banner(dashboard: str, url: str, bootstrap: str, job_id: str, run_dir:
   Try:  curl -s -X POST {url}/score -H 'content-type: application/json' -d '{sample}'
 
   Ctrl-C stops everything the demo started.
-""", flush=True)
+"""
+
+
+def _prometheus(url: str | None) -> str:
+    if url is None:
+        return "none, so the dashboard has no metrics (see the warning above)"
+    return f"{url}   Ray's metrics; the dashboard's charts also need a Grafana (README)"
+
+
+def _ray_access(dashboard: str, auth: ClientAuth) -> str:
+    """What a new shell and a browser need to get into this Ray: Ray's CLI sends the token only
+    where RAY_AUTH_MODE=token is exported, and the dashboard asks for the token itself."""
+    ray = ray_cli()
+    jobs = f"{ray} job list --address {dashboard}   (job submit, job logs <id> alike)"
+    if not auth.enabled:
+        return f"  Ray job CLI     {jobs}"
+    return (f"  Ray token auth  {auth.export}   # token in {auth.token_where}\n"
+            f"                  {jobs}\n"
+            f"                  the dashboard asks for the token: paste what `{ray} get-auth-token` prints")
 
 
 def watch(cfg: DemoConfig, kafka: KafkaSettings, url: str, run_dir: Path, until: float) -> None:

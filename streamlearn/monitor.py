@@ -32,6 +32,7 @@ TEMPLATE = "deploy/prometheus/prometheus.yml"
 DISCOVERY_NAME = "prom_metrics_service_discovery.json"  # ray._private.ray_constants, Ray 2.60
 TEMPLATE_DISCOVERY = f"/tmp/ray/{DISCOVERY_NAME}"
 DEFAULT_PORT = 9090
+PROMETHEUS_HOST_VAR = "RAY_PROMETHEUS_HOST"  # Ray's dashboard reads it once, when its modules start
 
 
 class MonitorError(StreamlearnError):
@@ -203,6 +204,34 @@ class Monitor:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, self.config_file)
+
+
+TARGETS_NAME = "ray_targets.json"
+
+
+def up_before_head(data_dir: Path) -> Monitor:
+    """Prometheus for a Ray head this process is about to start. The dashboard reads Prometheus's
+    URL once, when it starts, but Ray writes its discovery file only into the session it creates:
+    so Prometheus starts first, on a targets file of its own that names no one yet, and
+    `follow_session` then makes that file a link to the session's (re-read every 5 s)."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    targets = data_dir / TARGETS_NAME
+    _replace(targets, lambda tmp: tmp.write_text("[]"))  # not an old session's link: those ports are dead
+    return Monitor(data_dir=data_dir, port=0, discovery_file=targets).up()
+
+
+def follow_session(monitor: Monitor) -> None:
+    """Point `up_before_head`'s Prometheus at the Ray session this process started."""
+    _replace(Path(monitor.discovery_file), lambda tmp: tmp.symlink_to(session_discovery_file()))
+
+
+def _replace(path: Path, make) -> None:
+    """Swap the file in one rename: Prometheus never reads a missing or half-written one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    make(tmp)
+    os.replace(tmp, path)
 
 
 def query(base_url: str, expr: str, timeout: float = 5.0) -> list[dict]:

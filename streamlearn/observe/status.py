@@ -2,8 +2,9 @@
 
 Two sources: the run's scale controller actor on Ray (rate, lag, workers, checkpoint, resizes)
 and the scorer's GET /model (the version served, its age, scoring latency). Either may be
-missing; its part of the screen then says why and what to do, never a traceback. Drawing is
-a pure function of the two dicts (`render`), so it is tested without Ray or a terminal.
+missing; its part of the screen then says why and what to do, never a traceback. Once connected
+to Ray, a last part says how to reach its dashboard and `ray job` CLI (token auth included).
+Drawing is a pure function of the dicts (`render`), so it is tested without Ray or a terminal.
 """
 
 from __future__ import annotations
@@ -39,21 +40,23 @@ def controller_name(run_name: str) -> str:
 
 
 def render(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
-           problems: dict[str, str] | None = None) -> Group:
-    """The whole screen. `problems` says why a source is None: {"controller": ..., "scorer": ...}."""
+           problems: dict[str, str] | None = None, ray: dict | None = None) -> Group:
+    """The whole screen. `problems` says why a source is None: {"controller": ..., "scorer": ...};
+    `ray` (Sources.ray_access) is None when not connected to Ray, and its part is then left out."""
     problems = problems or {}
     title = Text.assemble(("streamlearn status", "bold"), f"  run {run_name or (snapshot or {}).get('run_name', '?')}",
                           f"  {time.strftime('%H:%M:%S', time.localtime(now))}")
-    return Group(title, Text(""), _training(snapshot, now, problems.get("controller")), Text(""),
-                 _serving(model, now, problems.get("scorer")))
+    parts = [title, Text(""), _training(snapshot, now, problems.get("controller")), Text(""),
+             _serving(model, now, problems.get("scorer"))]
+    return Group(*parts, Text(""), _ray(ray)) if ray else Group(*parts)
 
 
 def render_text(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
-                problems: dict[str, str] | None = None, width: int = 100) -> str:
+                problems: dict[str, str] | None = None, ray: dict | None = None, width: int = 100) -> str:
     """The screen as plain text (no colours, no cursor moves): for pipes, logs and tests."""
     out = io.StringIO()
     console = Console(file=out, width=width, force_terminal=False, color_system=None, highlight=False)
-    console.print(render(snapshot, model, now=now, run_name=run_name, problems=problems))
+    console.print(render(snapshot, model, now=now, run_name=run_name, problems=problems, ray=ray))
     return out.getvalue()
 
 
@@ -123,6 +126,21 @@ def _serving(model: dict | None, now: float, problem: str | None) -> Table:
     last = model.get("last_rejection")
     if last:
         table.add_row("last rejection", f"v{last.get('version')} ({last.get('kind')}): {last.get('reason')}")
+    return table
+
+
+def _ray(info: dict) -> Table:
+    """Ray's CLI sends the token only where RAY_AUTH_MODE=token is exported; the dashboard asks for it."""
+    table = _grid("Ray (dashboard, `ray job` CLI)")
+    dashboard, cli, mode = info.get("dashboard", "?"), info.get("ray", "ray"), info.get("auth_mode")
+    jobs = f"{cli} job list --address {dashboard}   (job submit, job logs <id> alike)"
+    if mode == "token":
+        table.add_row("dashboard", f"{dashboard}   asks for the token: paste what `{cli} get-auth-token` prints")
+        table.add_row("token auth", f"{info.get('export')}   (token in {info.get('token_file')})")
+        table.add_row("ray job", f"after that export: {jobs}")
+    else:
+        table.add_row("dashboard", dashboard)
+        table.add_row("ray job", jobs if mode == "disabled" else f"{jobs}; auth mode unknown: {mode or 'no answer'}")
     return table
 
 
@@ -228,6 +246,7 @@ class Sources:
     serve_url: str
     timeout_s: float = 5.0
     _actor: Any = None
+    _access: dict | None = None
 
     def controller(self) -> tuple[dict | None, str | None]:
         try:
@@ -238,6 +257,9 @@ class Sources:
                 ray.init(address=self.address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
                          configure_logging=False)
         except Exception as e:
+            if "uthentication" in str(e):  # an explicit address never turns token auth on by itself
+                return None, (f"the Ray cluster at --address {self.address} wants its token ({_first_line(e)}): "
+                              "export RAY_AUTH_MODE=token (the token is ~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH)")
             return None, (f"no Ray cluster at --address {self.address} ({_first_line(e)}); start one with "
                           "`make demo` or pass --address ray://HOST:10001 or HOST:6379")
         name = controller_name(self.run_name)
@@ -269,11 +291,38 @@ class Sources:
             return None, (f"no scorer answers at {self.serve_url} ({_first_line(e)}); start one with "
                           "`streamlearn serve up` or pass --serve-url")
 
+    def ray_access(self) -> dict | None:
+        """The dashboard of the cluster `controller` connected to, its auth mode (a public endpoint
+        says it), and what a new shell exports for `ray job`; None when not connected."""
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        from ray._private.worker import get_dashboard_url  # pinned Ray 2.60; what RayContext reads
+
+        from streamlearn.localray import client_auth, ray_cli
+
+        if self._access is None:
+            dashboard = f"http://{get_dashboard_url()}"
+            mode = _auth_mode(dashboard, self.timeout_s)
+            auth = client_auth(os.environ, mode=mode or "unknown")
+            self._access = {"dashboard": dashboard, "auth_mode": mode, "export": auth.export,
+                            "token_file": auth.token_where, "ray": ray_cli()}
+        return self._access
+
     def frame(self) -> Group:
         snapshot, controller_problem = self.controller()
         model, scorer_problem = self.model()
-        return render(snapshot, model, now=time.time(), run_name=self.run_name,
+        return render(snapshot, model, now=time.time(), run_name=self.run_name, ray=self.ray_access(),
                       problems={"controller": controller_problem, "scorer": scorer_problem})
+
+
+def _auth_mode(dashboard: str, timeout_s: float) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{dashboard}/api/authentication_mode", timeout=timeout_s) as response:
+            return json.loads(response.read()).get("authentication_mode")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _probe(address: str, timeout_s: float = 3.0) -> None:

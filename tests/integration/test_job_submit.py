@@ -25,6 +25,8 @@ def test_regression_pipeline_submitted_as_a_ray_job_learns_every_event(kafka, ka
                   "--bootstrap", kafka.bootstrap, "--topic", topic,
                   "--workers", "2", "--batch-size", "32", "--checkpoint-dir", str(tmp_path / "ckpt"),
                   "--until-idle", "3"]
+    # No export needed here: ray.init put RAY_AUTH_MODE=token in this process's environment, which
+    # the CLI inherits; a user's new shell does not (test_demo_ray.py checks what it needs).
     ray_cli = str(Path(sys.executable).parent / "ray")
     for _ in range(30):  # a fresh cluster's job agent comes up a little after the dashboard
         done = subprocess.run([ray_cli, "job", "submit", "--address", address,
