@@ -1,12 +1,16 @@
 """Session-wide real services: one Apache Kafka broker and one Ray cluster, on free ports.
 
 Both start once per test session and are torn down by what started them (the broker by
-its process id, Ray by ray.shutdown of the cluster this process created).
+its process id, Ray by ray.shutdown of the cluster this process created). A test that fails
+with a training run still going fails alone: what it left on the shared cluster is ended
+after it (`training_left_behind`), not inherited by every test after it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 import uuid
 
 import pytest
@@ -32,22 +36,21 @@ def kafka_settings(kafka) -> KafkaSettings:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """A local Ray cluster. Logical CPUs exceed the 2 real cores on purpose: every actor and
-    worker here asks for a fraction, and the sum must fit the logical count, not the cores."""
+def ray_cluster(tmp_path_factory):
+    """A local Ray head started as `make demo` starts its own (streamlearn.demo.start_ray: with its
+    Prometheus, token auth as Ray sets it), so tests of what the demo tells its user hold for the
+    demo. The dashboard also serves the state API the fault tests use to find worker processes."""
     import ray
 
-    from streamlearn.localray import start_local_ray
-
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "1")
+    from streamlearn.demo import start_ray
     from streamlearn.kafka.broker import free_port
 
-    # The dashboard serves the state API the fault tests use to find worker processes.
-    ctx = start_local_ray(num_cpus=4, object_store_memory=256 * 1024 * 1024, include_dashboard=True,
-                          dashboard_host="127.0.0.1", dashboard_port=free_port(), log_to_driver=False,
-                          configure_logging=False)
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "1")
+    ctx, prometheus = start_ray(free_port(), tmp_path_factory.mktemp("prometheus"), object_store_mb=256)
     yield ctx
     ray.shutdown()
+    if prometheus is not None:
+        prometheus.down()
 
 
 @pytest.fixture
@@ -56,3 +59,37 @@ def topic(kafka_settings) -> str:
     name = f"t-{uuid.uuid4().hex[:8]}"
     ensure_topics(kafka_settings, {name: 4, f"{name}.dlq": 1})
     return name
+
+
+# Ray Train v2's run driver (one per fit(), fate-shared with its workers) and the workers.
+TRAIN_ACTORS = ("TrainController", "RayTrainWorker")
+
+
+@pytest.fixture(autouse=True)
+def training_left_behind(request):
+    """After a test on the session's Ray: a Train run still alive 30 s after the test ended
+    (a failed assertion skips its teardown; a training thread then waits on a stopped broker
+    forever) is ended by killing its processes, run driver first. Before this, one such run
+    in a fresh-clone CI held two workers' CPUs for the rest of the session and failed the
+    eight tests after it on resources, not on what they test."""
+    yield
+    if "ray_cluster" not in request.fixturenames:
+        return
+    address = f"http://{request.getfixturevalue('ray_cluster').dashboard_url}"
+    deadline = time.monotonic() + 30  # a passing test's groups are still shutting down
+    while (left := _alive_actors(address, TRAIN_ACTORS)) and time.monotonic() < deadline:
+        time.sleep(1)
+    for name in TRAIN_ACTORS:
+        for pid in [pid for class_name, pid in left if class_name == name]:
+            print(f"{request.node.nodeid} left a Train {name} running: SIGKILL pid {pid}")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _alive_actors(address: str, class_names: tuple[str, ...]) -> list[tuple[str, int]]:
+    from ray.util.state import list_actors
+
+    return [(a.class_name, a.pid) for name in class_names
+            for a in list_actors(address=address, filters=[("class_name", "=", name), ("state", "=", "ALIVE")])]
