@@ -18,7 +18,7 @@ demo: setup
 	@$(VENV)/bin/streamlearn demo $(if $(filter-out 0,$(DURATION)),--duration $(DURATION))
 
 test: setup lint
-	@$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
+	@$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/integration
 
 test-unit: setup
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit

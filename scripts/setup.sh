@@ -10,17 +10,18 @@ py="${PYTHON:-python3}"
 command -v "$py" >/dev/null || { echo "setup: $py not found; install Python 3.11+ or set PYTHON=" >&2; exit 1; }
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python 3.11+ required ($py is older)" >&2; exit 1; }
 
-# The secured test broker (tests/integration/test_security.py) makes its certificates with openssl.
-if ! command -v openssl >/dev/null; then
-  echo "setup: installing openssl" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
-fi
-
-# `streamlearn monitor` and tests/integration/test_metrics.py run a real Prometheus (Debian's package).
-if ! command -v prometheus >/dev/null; then
-  echo "setup: installing prometheus" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-fi
+# Debian packages the project runs: installed with apt-get if missing, which needs root.
+apt_install() {  # apt_install COMMAND PACKAGE WHY
+  command -v "$1" >/dev/null && return 0
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: '$1' is missing ($3); installing it needs root: run 'sudo apt-get install -y $2', then make setup again" >&2
+    exit 1
+  fi
+  echo "setup: installing $2 ($3)" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2" >/dev/null
+}
+apt_install openssl openssl "the secured test broker's certificates, tests/integration/test_security.py"
+apt_install prometheus prometheus "streamlearn monitor and tests/integration/test_metrics.py run a real Prometheus"
 
 key=$( { "$py" -c 'import sys; print(sys.version)'; cat requirements.txt requirements-dev.txt; } | sha256sum | cut -c1-12)
 venv="$cache/venv-$key"
