@@ -27,4 +27,4 @@ lint: setup
 	@$(VENV)/bin/ruff check streamlearn pipelines load tests
 
 bench: setup
-	@$(PY) -m load.bench_ingest
+	@$(PY) -m load.bench.ingest

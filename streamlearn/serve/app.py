@@ -315,7 +315,7 @@ def scorer_app(cfg: ServeConfig) -> serve.Application:
         autoscaling_config=cfg.autoscaling(),
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options={"num_cpus": cfg.num_cpus},
-        # A per-request access-log line roughly doubled p99 on 2 cores (load/bench_scoring.py);
+        # A per-request access-log line roughly doubled p99 on 2 cores (load/bench/scoring.py);
         # swaps, rejections and errors still log (WARNING and our own structured lines).
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     ).bind(cfg)

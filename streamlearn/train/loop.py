@@ -248,7 +248,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
 class Startup:
     """Where a group's first seconds go, as seconds since `streamlearn train` started (or since
     the worker process started, when the driver's clock is not known): reported once, with
-    the group's first checkpoint, and drawn from by bench_ingest's time-to-first-step."""
+    the group's first checkpoint, and drawn from by load/bench/ingest.py's time-to-first-step."""
 
     def __init__(self, started_at: float | None):
         process = psutil.Process().create_time()

@@ -1,10 +1,10 @@
 """Scaling figures: learned events/s per worker count, and how the autoscaler reacts to a spike.
 
-    python -m load.bench_scaling [--events 200000] [--peak 30000]
+    python -m load.bench.scaling [--events 200000] [--peak 30000]
 
 1. Throughput per worker count: `streamlearn.train.train` with 1, 2 and 3 workers on the same
    topic (a plain local Ray head; every worker shares this machine's cores), against the
-   single-process baseline of load/bench_ingest.py in the same run.
+   single-process baseline of load/bench/ingest.py in the same run.
 2. Reaction: on the local autoscaling cluster (`streamlearn cluster up`), `streamlearn train
    --min-workers 1 --max-workers 3` under a spike (a trickle, `--peak` events/s for 10 s, a
    trickle): when the policy asked for more (reaction up), when the bigger group took its
@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from load.bench_common import bench_broker, machine_line, median, start_bench_ray, write_json, write_section
-from load.bench_ingest import PARTITIONS, TOPIC, baseline, pipeline_rate
+from load.bench.common import bench_broker, machine_line, median, start_bench_ray, write_json, write_section
+from load.bench.ingest import PARTITIONS, TOPIC, baseline, pipeline_rate
 from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.cluster import ClusterSpec, client_env, down, up

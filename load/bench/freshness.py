@@ -2,7 +2,7 @@
 costs a caller. One run: Kafka, training (2 workers), the Ray Serve scorer, a steady
 generator and a scoring client, all on this machine.
 
-    python -m load.bench_freshness [--rate 2000] [--seconds 60] [--replicas 2] [--runs 3]
+    python -m load.bench.freshness [--rate 2000] [--seconds 60] [--replicas 2] [--runs 3]
                                    [--checkpoint-every-s S]   (default: the trainer's default cadence)
 
 Freshness of an event = the moment the scorer first answers with a version whose
@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
-from load.bench_common import bench_broker, machine_line, score_continuously, start_bench_ray, write_json, write_section
+from load.bench.common import bench_broker, machine_line, score_continuously, start_bench_ray, write_json, write_section
 from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.config import TrainConfig
@@ -206,7 +206,7 @@ def report(args, runs: list[dict]) -> None:
         f"{sum(r['requests'] for r in runs):,} requests failed in all runs. A median run judged "
         f"{f['events_measured']:,.0f} events produced after its first served model.",
         "",
-        f"Reproduce: `python -m load.bench_freshness --checkpoint-every-s {args.checkpoint_every_s:g}`.",
+        f"Reproduce: `python -m load.bench.freshness --checkpoint-every-s {args.checkpoint_every_s:g}`.",
     ])
     write_section(name, f"Freshness and swap latency, {cadence.split(' (')[0]} (issue 14)", text)
     print(json.dumps(settings | {"median": f}))

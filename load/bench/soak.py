@@ -1,6 +1,6 @@
 """Soak: the whole pipeline at a steady rate for minutes; does anything grow or drift?
 
-    python -m load.bench_soak [--minutes 10] [--rate 2000] [--sample-every 10]
+    python -m load.bench.soak [--minutes 10] [--rate 2000] [--sample-every 10]
 
 Kafka, continuous training (2 Ray Train workers), the Ray Serve scorer (2 replicas) and one
 client scoring single events back to back, all on this machine. Every sample (~10 s): the
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from load.bench_common import bench_broker, machine_line, score_continuously, start_bench_ray, write_json, write_section
+from load.bench.common import bench_broker, machine_line, score_continuously, start_bench_ray, write_json, write_section
 from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.config import KafkaSettings, TrainConfig

@@ -1,7 +1,7 @@
 """Sustained learned events/s: the whole pipeline against a hand-rolled single-process loop, in
 the same run on the same data, for both ingest modes.
 
-    python -m load.bench_ingest [--events 200000] [--runs 3]
+    python -m load.bench.ingest [--events 200000] [--runs 3]
 
 Baseline: one process consumes with confluent-kafka, decodes with the same schema code,
 featurizes and runs the same model step (batch 256) in one loop, the bar set by DESIGN.md.
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from confluent_kafka import Consumer, TopicPartition
 
-from load.bench_common import bench_broker, machine_line, start_bench_ray, write_json, write_section
+from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
 from load.generator import run_load
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import BadEvent

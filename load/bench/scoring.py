@@ -1,6 +1,6 @@
 """POST /score on Ray Serve against the same model in plain uvicorn + FastAPI, same client.
 
-    python -m load.bench_scoring [--seconds 15] [--variants defaults,haproxy_r1,...]
+    python -m load.bench.scoring [--seconds 15] [--variants defaults,haproxy_r1,...]
 
 Client: wrk (one thread; 1 and 8 keep-alive connections; one event per request, rotating
 over 64 different banking events) with a Lua script that prints its figures as JSON.
@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from load.bench_common import BENCH_DIR, machine_line, median, write_json, write_section
+from load.bench.common import BENCH_DIR, machine_line, median, write_json, write_section
 from streamlearn.serve.ingress import with_ingress
 
 CFG_ENV = "STREAMLEARN_BENCH_SCORING_CFG"
@@ -210,7 +210,7 @@ def plain_app():
 
 def start_plain(cfg, port: int, log: Path) -> tuple[subprocess.Popen, str]:
     env = os.environ | {CFG_ENV: json.dumps(cfg_kwargs(cfg))}
-    cmd = [sys.executable, "-m", "uvicorn", "load.bench_scoring:plain_app", "--factory", "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "uvicorn", "load.bench.scoring:plain_app", "--factory", "--host", "127.0.0.1",
            "--port", str(port), "--log-level", "warning", "--no-access-log", "--workers", "1"]
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -314,7 +314,7 @@ class ServeVariant:
         child_env.pop("RAY_ADDRESS", None)
         self.log = tmp / f"serve-{name}.log"
         spec = {"cfg": self.cfg, "ray_tmp": str(self.ray_tmp), "deploy_options": rest[0] if rest else None}
-        self.proc = subprocess.Popen([sys.executable, "-m", "load.bench_scoring", "--serve-child", json.dumps(spec)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "load.bench.scoring", "--serve-child", json.dumps(spec)],
                                      env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log.open("w"), text=True, start_new_session=True)
         started = time.monotonic()
@@ -677,7 +677,7 @@ def render(f: dict[str, Any]) -> str:
         lines += ["", f"Variants come from {len(f['merged_runs'])} runs of this benchmark (finished "
                       + ", ".join(str(d) for d in f["merged_runs"]) + "; `measured_at` per variant in the JSON), "
                       "each variant against the plain run right before it."]
-    lines += ["", "Reproduce: `python -m load.bench_scoring` (one variant set: `--variants NAME,...`; redo this "
+    lines += ["", "Reproduce: `python -m load.bench.scoring` (one variant set: `--variants NAME,...`; redo this "
                   "section from docs/bench/scoring.json: `--render`)."]
     return "\n".join(lines)
 

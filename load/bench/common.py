@@ -31,7 +31,7 @@ from streamlearn.kafka.broker import EmbeddedKafka
 DOCS = REPO_ROOT / "docs"
 BENCH_DIR = DOCS / "bench"
 BENCHMARKS_MD = DOCS / "BENCHMARKS.md"
-HEADER = ("# Benchmarks\n\nWritten by the benchmarks in `load/` (`python -m load.bench_<name>`); each section is "
+HEADER = ("# Benchmarks\n\nWritten by the benchmarks in `load/` (`python -m load.bench.<name>`); each section is "
           "replaced by its own benchmark and figures are also in `docs/bench/<name>.json`. Machines here are noisy: "
           "every contender is measured against its baseline in the same run, and figures are medians and ratios.\n")
 

@@ -1,6 +1,6 @@
 """confluent-kafka against kafka-python on one broker, and the load generator's own rate.
 
-    python -m load.bench_kafka_clients [--events 200000] [--repeats 3]
+    python -m load.bench.kafka_clients [--events 200000] [--repeats 3]
 
 The data behind DESIGN.md's "Kafka clients" decision (confluent-kafka on the data plane,
 kafka-python on the control plane). One embedded broker on loopback, a 4-partition topic,
@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
 
-from load.bench_common import BENCH_DIR, machine_line, median, write_json, write_section
+from load.bench.common import BENCH_DIR, machine_line, median, write_json, write_section
 from load.generator import BankingSimulator, bench_generation, encode_batch, partition_for, run_load
 from streamlearn.config import KafkaSettings
 from streamlearn.kafka.admin import ensure_topics
@@ -309,7 +309,7 @@ def render_clients(f: dict[str, Any]) -> str:
         "Decision (DESIGN.md, \"Kafka clients\"): confluent-kafka on the data plane (ingest, load generation), "
         "kafka-python on the control plane (topic admin, lag, group commits), where its rate does not matter.",
         "",
-        "Reproduce: `python -m load.bench_kafka_clients` (redo both sections from the JSON: `--render`).",
+        "Reproduce: `python -m load.bench.kafka_clients` (redo both sections from the JSON: `--render`).",
     ])
 
 
@@ -337,7 +337,7 @@ def render_generator(g: dict[str, Any]) -> str:
         "",
         "Runs (events/s): " + " / ".join(f"{t['events_per_s']:,.0f}" for t in g["runs"]) + ".",
         "",
-        "Reproduce: `python -m load.bench_kafka_clients` (writes this section too).",
+        "Reproduce: `python -m load.bench.kafka_clients` (writes this section too).",
     ])
 
 
