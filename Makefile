@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Both go through `make setup`.
-.PHONY: setup demo test test-unit test-integration lint bench clean-demo
+.PHONY: setup demo test test-unit test-integration lint bench soak clean-demo
 
 VENV := .venv
 # Jobs and tools started from here find streamlearn and ray on PATH (ray job submit -- streamlearn ...).
@@ -28,3 +28,7 @@ lint: setup
 
 bench: setup
 	@$(PY) -m load.bench.ingest
+
+# Ten minutes of the whole service under steady load, judged against its gates (not in `make test`).
+soak: setup
+	@$(PY) -m load.bench.soak
