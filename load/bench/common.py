@@ -2,6 +2,7 @@
 
     write_json("scoring", figures)            # docs/bench/scoring.json
     write_section("scoring", "Title", body)   # between <!-- bench:scoring --> and <!-- /bench:scoring -->
+    audit_exactly_once(settings, cfg, produced)  # a run's last checkpoint against a re-read of Kafka
 
 Each benchmark owns one named section of docs/BENCHMARKS.md; rewriting it leaves every
 other section (and any text outside the markers) as it was. Several benchmarks may finish
@@ -19,14 +20,19 @@ import statistics
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from streamlearn.config import REPO_ROOT, KafkaSettings
-from streamlearn.kafka.admin import ensure_topics
+from streamlearn.config import REPO_ROOT, KafkaSettings, TrainConfig
+from streamlearn.errors import BadEvent
+from streamlearn.ingest.stream import FINGERPRINT_MOD
+from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka
+from streamlearn.pipeline import load_pipeline
+from streamlearn.train import checkpoint as ckpt
 
 DOCS = REPO_ROOT / "docs"
 BENCH_DIR = DOCS / "bench"
@@ -76,6 +82,54 @@ def score_continuously(url: str, stop: threading.Event, out: list) -> None:
             except httpx.HTTPError:
                 status = 0
             out.append((started, time.time() - started, status))
+
+
+def audit_exactly_once(settings: KafkaSettings, cfg: TrainConfig, produced: int) -> dict:
+    """The final checkpoint against an independent re-read of the topic and its dead-letter topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    schema = load_pipeline(cfg.pipeline).schema
+
+    def read_all(topic: str) -> list:
+        consumer = Consumer({**settings.confluent(), "group.id": "bench-audit", "enable.auto.commit": False})
+        try:
+            out = []
+            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                consumer.assign([TopicPartition(topic, p, low)])
+                while low < high:
+                    batch = [m for m in consumer.consume(10_000, timeout=10) if m.error() is None]
+                    if not batch:
+                        raise RuntimeError(f"{topic}[{p}] stopped at offset {low} of {high}")
+                    out += batch
+                    low = batch[-1].offset() + 1
+            return out
+        finally:
+            consumer.close()
+
+    learned = dead = fingerprint = 0
+    for msg in read_all(cfg.topic):
+        try:
+            schema.decode(msg.value())
+            learned += 1
+            fingerprint += zlib.crc32(msg.value())
+        except BadEvent:
+            dead += 1
+    dlq_keys = [m.key() for m in read_all(cfg.dlq_topic)]
+    meta = ckpt.read_meta(ckpt.newest(Path(cfg.checkpoint_dir) / cfg.run_name))
+    c = meta["counters"]
+    checks = {
+        "learned + dead-lettered == produced": c["learned"] + c["dead_lettered"] == produced,
+        "learned == the re-read's valid events": c["learned"] == learned,
+        "dead-lettered == the re-read's malformed events": c["dead_lettered"] == dead,
+        "fingerprint == the re-read's": c["fingerprint"] == fingerprint % FINGERPRINT_MOD,
+        "checkpoint offsets == the topic's end": {int(p): o for p, o in meta["offsets"].items()}
+        == end_offsets(settings, cfg.topic),
+        "dead-letter topic: each malformed event once": len(dlq_keys) == len(set(dlq_keys)) == dead,
+    }
+    return {"produced": produced, "learned": c["learned"], "dead_lettered": c["dead_lettered"],
+            "reread_valid": learned, "reread_malformed": dead, "dead_letter_messages": len(dlq_keys),
+            "dead_letter_unique": len(set(dlq_keys)), "checks": checks, "passed": all(checks.values())}
 
 
 def median(values: list[float]) -> float:

@@ -30,21 +30,25 @@ import os
 import sys
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import psutil
 
-from load.bench.common import BENCH_DIR, bench_broker, machine_line, start_bench_ray, write_json, write_section
+from load.bench.common import (
+    BENCH_DIR,
+    audit_exactly_once,
+    bench_broker,
+    machine_line,
+    start_bench_ray,
+    write_json,
+    write_section,
+)
 from load.generator import BankingSimulator, run_load
 from load.profiles import parse_profile
 from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.errors import BadEvent
-from streamlearn.ingest.stream import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets
 from streamlearn.kafka.broker import free_port
-from streamlearn.pipeline import load_pipeline
 from streamlearn.train import checkpoint as ckpt
 
 TOPIC, PARTITIONS, BAD_FRACTION = "soak", 4, 0.05
@@ -180,54 +184,6 @@ def sample_forever(stop: threading.Event, every: float, started: float, dashboar
               flush=True)
 
 
-def audit(settings: KafkaSettings, cfg: TrainConfig, produced: int) -> dict:
-    """The final checkpoint against an independent re-read of the topic and its dead-letter topic."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    schema = load_pipeline(cfg.pipeline).schema
-
-    def read_all(topic: str) -> list:
-        consumer = Consumer({**settings.confluent(), "group.id": "soak-audit", "enable.auto.commit": False})
-        try:
-            out = []
-            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                consumer.assign([TopicPartition(topic, p, low)])
-                while low < high:
-                    batch = [m for m in consumer.consume(10_000, timeout=10) if m.error() is None]
-                    if not batch:
-                        raise RuntimeError(f"{topic}[{p}] stopped at offset {low} of {high}")
-                    out += batch
-                    low = batch[-1].offset() + 1
-            return out
-        finally:
-            consumer.close()
-
-    learned = dead = fingerprint = 0
-    for msg in read_all(cfg.topic):
-        try:
-            schema.decode(msg.value())
-            learned += 1
-            fingerprint += zlib.crc32(msg.value())
-        except BadEvent:
-            dead += 1
-    dlq_keys = [m.key() for m in read_all(cfg.dlq_topic)]
-    meta = ckpt.read_meta(ckpt.newest(Path(cfg.checkpoint_dir) / cfg.run_name))
-    c = meta["counters"]
-    checks = {
-        "learned + dead-lettered == produced": c["learned"] + c["dead_lettered"] == produced,
-        "learned == the re-read's valid events": c["learned"] == learned,
-        "dead-lettered == the re-read's malformed events": c["dead_lettered"] == dead,
-        "fingerprint == the re-read's": c["fingerprint"] == fingerprint % FINGERPRINT_MOD,
-        "checkpoint offsets == the topic's end": {int(p): o for p, o in meta["offsets"].items()}
-        == end_offsets(settings, cfg.topic),
-        "dead-letter topic: each malformed event once": len(dlq_keys) == len(set(dlq_keys)) == dead,
-    }
-    return {"produced": produced, "learned": c["learned"], "dead_lettered": c["dead_lettered"],
-            "reread_valid": learned, "reread_malformed": dead, "dead_letter_messages": len(dlq_keys),
-            "dead_letter_unique": len(set(dlq_keys)), "checks": checks, "passed": all(checks.values())}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -267,7 +223,7 @@ def main() -> None:
         if failure:
             raise SystemExit(f"soak: training failed: {failure[0]!r}")
         first_served = min((t.first_ok for t in tallies if t.first_ok), default=None)
-        audited = audit(settings, cfg, produced)
+        audited = audit_exactly_once(settings, cfg, produced)
         serve_shutdown()
         ray.shutdown()
     report(args, cfg, samples, first_served and first_served - started, audited, loadavg_before)
