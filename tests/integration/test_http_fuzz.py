@@ -3,8 +3,9 @@
 Hypothesis builds events from the request-body schema the app publishes (types, enums, bounds,
 lengths), then breaks them: wrong types, NaN and infinities, integers far past 64 bits, unicode
 (lone surrogates included), deep nesting, missing and unknown fields, lists of mixed items, raw
-bytes, and bodies past the size limit. The scorer runs under uvicorn in this process, serving a
-real checkpoint. Properties: never a 5xx, every 4xx names the problem, every answer comes within
+bytes, and bodies past the size limit. The scorer serves a real checkpoint twice over: under
+uvicorn in this process, and deployed on Ray Serve behind its default HAProxy ingress, as users
+reach it. Properties: never a 5xx, every 4xx names the problem, every answer comes within
 the client's timeout, and the service is healthy and scores correctly afterwards.
 """
 
@@ -14,6 +15,7 @@ import json
 import math
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -22,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamlearn.kafka.broker import free_port
+from streamlearn.serve import deploy, shutdown
 from streamlearn.serve.app import local_app
 from streamlearn.serve.config import ServeConfig
 
@@ -34,29 +37,49 @@ MAX_BATCH = 50
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["uvicorn", "serve"])
+def server(request, tmp_path_factory):
+    """The scorer behind real HTTP, twice: under uvicorn in this process, and deployed on the
+    session's Ray the way users get it (Serve, its HAProxy ingress in front of the replica)."""
     cfg = ServeConfig(checkpoint_dir=str(tmp_path_factory.mktemp("fuzz")), pipeline="fraud", poll_interval_s=0.5,
-                      max_batch=MAX_BATCH)
+                      max_batch=MAX_BATCH, port=free_port(), min_replicas=1, max_replicas=1, auth_token=None)
     write_checkpoint(cfg.run_dir, 1)
-    app = local_app(cfg)
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    serve = uvicorn_server if request.param == "uvicorn" else serve_deployment
+    with serve(cfg, request) as url, httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S) as client:
+        yield client
+
+
+@contextmanager
+def uvicorn_server(cfg: ServeConfig, _request):
+    uv = uvicorn.Server(uvicorn.Config(local_app(cfg), host="127.0.0.1", port=cfg.port, log_level="warning",
+                                       access_log=False))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not uv.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert uv.started, "uvicorn did not start"
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=REQUEST_TIMEOUT_S) as client:
-        yield app, client
-    uv.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{cfg.port}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
 
 
-def event_schema(app) -> dict:
+@contextmanager
+def serve_deployment(cfg: ServeConfig, request):
+    request.getfixturevalue("ray_cluster")
+    url = deploy(cfg)
+    try:
+        yield url
+    finally:
+        shutdown()
+
+
+def event_schema(client: httpx.Client) -> dict:
     """The event schema as published in /openapi.json, resolved from the /score request body."""
-    body = app.openapi()["paths"]["/score"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    score = client.get("/openapi.json").json()["paths"]["/score"]["post"]
+    body = score["requestBody"]["content"]["application/json"]["schema"]
     single, batch = body["oneOf"]
     assert batch["items"] == single and batch["maxItems"] == MAX_BATCH
     return single
@@ -133,8 +156,8 @@ def post(client: httpx.Client, content: bytes) -> httpx.Response:
 
 
 def test_fuzz_json_bodies_from_the_openapi_schema(server):
-    app, client = server
-    schema = event_schema(app)
+    client = server
+    schema = event_schema(client)
 
     @FUZZ
     @given(body_strategy(schema))
@@ -154,8 +177,8 @@ def test_fuzz_json_bodies_from_the_openapi_schema(server):
 
 
 def test_fuzz_one_field_at_a_time(server):
-    app, client = server
-    props = event_schema(app)["properties"]
+    client = server
+    props = event_schema(client)["properties"]
 
     @FUZZ
     @given(st.sampled_from(sorted(props)), HOSTILE)
@@ -169,7 +192,7 @@ def test_fuzz_one_field_at_a_time(server):
 
 
 def test_fuzz_raw_bytes_and_broken_json(server):
-    _, client = server
+    client = server
     valid = json.dumps(EVENT).encode()
 
     @FUZZ
@@ -190,7 +213,7 @@ def test_fuzz_raw_bytes_and_broken_json(server):
 
 
 def test_oversized_and_odd_requests(server):
-    app, client = server
+    client = server
     limit = MAX_BATCH * (4096 + 2) + 2
     huge = b"[" + b",".join([json.dumps(EVENT).encode()] * 20_000) + b"]"  # ~5 MB, far past the limit
     for response in (post(client, huge), post(client, b" " * (limit + 1))):
@@ -208,7 +231,7 @@ def test_oversized_and_odd_requests(server):
 
 
 def test_healthy_and_correct_after_fuzzing(server):
-    app, client = server
+    client = server
     # Runs last in the module: everything above must have left the service as it was.
     health = client.get("/healthz")
     assert health.status_code == 200 and health.json() == {"status": "ok", "ready": True, "version": 1}
