@@ -61,6 +61,19 @@ def write_checkpoint(run_dir: Path, version: int, *, auc: float = 0.8, scale: fl
     return final
 
 
+def next_version(cfg: ServeConfig) -> int:
+    """The version after the newest on disk: the tests of this module share one lineage and
+    may run in any order, so none assumes which versions the others wrote."""
+    return max((v for v, _ in checkpoint.list_checkpoints(cfg.run_dir)), default=0) + 1
+
+
+def write_good(cfg: ServeConfig, paths: dict[int, Path]) -> int:
+    """The next version, a little better than every one before it, so the quality gate approves it."""
+    version = next_version(cfg)
+    paths[version] = write_checkpoint(cfg.run_dir, version, auc=0.80 + version / 100)
+    return version
+
+
 def expected_score(path: Path) -> float:
     state, _, _ = checkpoint.load(path)
     model = FRAUD.build_model()
@@ -125,8 +138,9 @@ class Load(threading.Thread):
 def test_swap_under_load(service):
     cfg, client, paths = service
     first = client.post("/score", json=EVENT).json()
-    assert first["version"] == 1 and first["pipeline"] == "fraud"
-    assert first["trained_through"] == {"0": 1000, "1": 900}
+    serving = first["version"]
+    assert serving == model_info(client)["version"] and first["pipeline"] == "fraud"
+    assert first["trained_through"] == {"0": 1000 * serving, "1": 900 * serving}
 
     loads = [Load(cfg.url) for _ in range(2)]
     for load in loads:
@@ -134,8 +148,8 @@ def test_swap_under_load(service):
     appeared = {}
     try:
         assert wait_for(lambda: all(load.results for load in loads), 10)
-        for version in (2, 3, 4):
-            paths[version] = write_checkpoint(cfg.run_dir, version, auc=0.80 + version / 100)
+        for _ in range(3):
+            version = write_good(cfg, paths)
             written = time.monotonic()
             seen = wait_for(lambda v=version: [t for load in loads for t, _, got, _ in load.results if got == v], 5)
             assert seen, f"version {version} never served"
@@ -163,43 +177,52 @@ def test_swap_under_load(service):
 
 def test_gate_rejects_degraded_checkpoints(service):
     cfg, client, paths = service
-    serving = model_info(client)["version"]
-    write_checkpoint(cfg.run_dir, 5, auc=0.99, scale=1e6)  # great meta, blown-up weights
-    info = wait_for(lambda: (i := model_info(client))["last_rejection"] and i["last_rejection"]["version"] == 5
+    before = model_info(client)
+    serving, blown = before["version"], next_version(cfg)
+    write_checkpoint(cfg.run_dir, blown, auc=0.99, scale=1e6)  # great meta, blown-up weights
+    info = wait_for(lambda: (i := model_info(client))["last_rejection"] and i["last_rejection"]["version"] == blown
                     and i, 3)
     assert info, "weights x1e6 were not rejected"
     assert info["last_rejection"]["kind"] == "weights" and info["version"] == serving
 
-    write_checkpoint(cfg.run_dir, 6, auc=0.55)  # far below the serving model's online AUC
-    info = wait_for(lambda: (i := model_info(client))["last_rejection"]["version"] == 6 and i, 3)
+    worse = next_version(cfg)
+    write_checkpoint(cfg.run_dir, worse, auc=0.55)  # far below the serving model's online AUC
+    info = wait_for(lambda: (i := model_info(client))["last_rejection"]["version"] == worse and i, 3)
     assert info, "a much worse checkpoint was not rejected"
     assert info["last_rejection"]["kind"] == "quality" and "auc" in info["last_rejection"]["reason"]
-    assert info["rejections"] == {"weights": 1, "quality": 1}
+    counted = before["rejections"]
+    assert info["rejections"] == {**counted, "weights": counted.get("weights", 0) + 1,
+                                  "quality": counted.get("quality", 0) + 1}
     assert client.post("/score", json=EVENT).json()["version"] == serving
 
 
 def test_corrupt_checkpoint_is_rejected_and_later_ones_still_swap(service):
     cfg, client, paths = service
-    serving = model_info(client)["version"]
-    write_checkpoint(cfg.run_dir, 7, corrupt=True)
-    info = wait_for(lambda: (i := model_info(client))["last_rejection"]["version"] == 7 and i, 3)
+    serving, corrupt = model_info(client)["version"], next_version(cfg)
+    write_checkpoint(cfg.run_dir, corrupt, corrupt=True)
+    info = wait_for(lambda: (i := model_info(client))["last_rejection"]["version"] == corrupt and i, 3)
     assert info and info["last_rejection"]["kind"] == "integrity" and "checksum" in info["last_rejection"]["reason"]
     assert client.post("/score", json=EVENT).json()["version"] == serving
 
-    paths[8] = write_checkpoint(cfg.run_dir, 8, auc=0.85)
-    assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == 8, 2.5)
+    later = write_good(cfg, paths)
+    assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == later, 2.5)
 
 
 def test_pin_rolls_back_and_unpin_returns(service):
     cfg, client, paths = service
-    pin_version(cfg.checkpoint_dir, cfg.run_name, 2)
+    serving = model_info(client)["version"]
+    if serving == min(paths):  # run alone: give it a version to roll back from
+        serving = write_good(cfg, paths)
+        assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == serving, 2.5)
+    pinned = min(paths)
+    pin_version(cfg.checkpoint_dir, cfg.run_name, pinned)
     try:
-        assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == 2, 2.5)
+        assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == pinned, 2.5)
         info = model_info(client)
-        assert info["pinned"] == 2 and info["serving_pinned"] is True
+        assert info["pinned"] == pinned and info["serving_pinned"] is True
     finally:
         unpin(cfg.checkpoint_dir, cfg.run_name)
-    assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == 8, 2.5)
+    assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == serving, 2.5)
     assert model_info(client)["pinned"] is None
 
 
@@ -237,7 +260,7 @@ def test_bad_requests_get_4xx_naming_the_problem(service, body, status, names):
 def test_healthy_after_bad_input_and_documented(service):
     _, client, _ = service
     assert client.get("/score").status_code == 405
-    assert client.get("/healthz").json() == {"status": "ok", "ready": True, "version": 8}
+    assert client.get("/healthz").json() == {"status": "ok", "ready": True, "version": model_info(client)["version"]}
     response = client.post("/score", json=[EVENT, EVENT])
     assert response.status_code == 200 and len(response.json()["scores"]) == 2
     spec = client.get("/openapi.json").json()

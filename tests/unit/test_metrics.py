@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -91,18 +92,24 @@ def test_dashboard_queries_are_valid_promql(tmp_path):
 
 
 def test_recording_without_ray_is_a_noop():
-    import ray
-
-    assert not ray.is_initialized()
-    metrics.record_window("fraud", 10, {"out_of_range": 2}, 3)
-    metrics.record_checkpoint("fraud", 4, 0.1, {"auc": 0.9, "n": 100, "logloss": float("nan")}, 1.0)
-    metrics.record_scaling({"pipeline": "fraud", "lag_by_partition": {"0": 5}, "workers_active": 1})
-    metrics.record_resize("fraud", 3.0)
-    metrics.record_request("fraud", 200, 0.001)
-    metrics.record_swap("fraud", 4)
-    metrics.record_rejection("fraud", "quality")
-    assert metrics._objects == {} and not metrics._failed and not metrics._requests and metrics._keeper is None
-    assert not ray.is_initialized()  # recording never starts Ray
+    # In a fresh interpreter: in this one an integration session may have connected Ray already
+    # (the suite must pass in any order), and this is about a process that never did.
+    check = """
+import ray
+from streamlearn import metrics
+assert not ray.is_initialized()
+metrics.record_window("fraud", 10, {"out_of_range": 2}, 3)
+metrics.record_checkpoint("fraud", 4, 0.1, {"auc": 0.9, "n": 100, "logloss": float("nan")}, 1.0)
+metrics.record_scaling({"pipeline": "fraud", "lag_by_partition": {"0": 5}, "workers_active": 1})
+metrics.record_resize("fraud", 3.0)
+metrics.record_request("fraud", 200, 0.001)
+metrics.record_swap("fraud", 4)
+metrics.record_rejection("fraud", "quality")
+assert metrics._objects == {} and not metrics._failed and not metrics._requests and metrics._keeper is None
+assert not ray.is_initialized()  # recording never starts Ray
+"""
+    done = subprocess.run([sys.executable, "-c", check], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_dead_letter_reasons_become_codes():
