@@ -82,12 +82,20 @@ def serve_run(ray_cluster, tmp_path):
     started = time.monotonic()
     # This process's environment carries what joining needs: the cluster's auth token settings
     # (set by ray.init); Serve's ingress switches are the cluster's own.
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+    # Unbuffered, so its log keeps what it said before a kill; with the fault handler a SIGABRT
+    # writes every thread's Python stack into the log (a hung exit then shows where it hangs).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)  # our SIGINT reaches it alone, as Ctrl-C would
     try:
         yield process, port, checkpoint_dir / "fraud", started
     finally:
         if process.poll() is None:
+            process.send_signal(signal.SIGABRT)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
             os.killpg(process.pid, signal.SIGKILL)  # its own session: only what it started
             process.wait()
         log.close()
