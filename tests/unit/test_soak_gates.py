@@ -35,7 +35,8 @@ def run(lag=sawtooth, rss=lambda t: 500.0, latency_ms=lambda t: 10.0, failed_at=
         h = histogram(np.full(200, latency_ms(t) / 1000))
         fails = [at for at in failed_at if t - 10 < at <= t]
         samples.append({"t": float(t), "rss_mib": {"train worker 11": rss(t), "ray raylet 12": 100 + t},
-                        "lag_events": int(lag(t)), "learned": 0, "requests": 200 + len(fails), "failed": len(fails),
+                        "lag_events": int(lag(t)), "lag_peak_events": int(lag(t)), "learned": 0,
+                        "requests": 200 + len(fails), "failed": len(fails),
                         "failed_at": fails, "p50_ms": soak.percentile(h, 50), "p99_ms": soak.percentile(h, 99),
                         "histogram": h})
     return soak.judge(ARGS, CFG, samples, 30.0, AUDIT)["gates"]
