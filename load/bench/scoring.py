@@ -40,7 +40,9 @@ from streamlearn.serve.ingress import with_ingress
 
 CFG_ENV = "STREAMLEARN_BENCH_SCORING_CFG"
 CONNECTIONS = (1, 8)
-TARGET_RATIO, TARGET_P99_MS = 0.5, 10.0
+# Issue 14's targets at 8 connections: half plain uvicorn's throughput, and a p99 within twice plain's own
+# p99 measured right before (a relative bound: the machine's speed moves both).
+TARGET_RATIO, TARGET_P99_VS_PLAIN = 0.5, 2.0
 
 # name -> (what it is, extra environment for Ray's processes, ServeConfig overrides[, extra deployment
 # options]). Extra deployment options are an EXPERIMENT: the child passes them to its `Scorer.options(...)`
@@ -539,8 +541,7 @@ def report(args, results: list[dict], costs: dict) -> None:
         }
     figures: dict[str, Any] = {
         "seconds_per_run": args.seconds, "warmup_s": args.warmup, "connections": list(CONNECTIONS),
-        "client": "wrk -t1, keep-alive", "target_ratio_serve_vs_plain_8c": TARGET_RATIO,
-        "target_p99_ms_8c": TARGET_P99_MS, "inprocess_scoring_us": costs, "variants": variants,
+        "client": "wrk -t1, keep-alive", "inprocess_scoring_us": costs, "variants": variants,
     }
     if args.merge:  # re-measured variants replace their old entries; the others keep theirs
         old = json.loads((BENCH_DIR / "scoring.json").read_text())
@@ -560,6 +561,8 @@ def summarize(f: dict[str, Any]) -> None:
     """The headline figures, from the variants alone."""
     variants = f["variants"]
     ok = {name: v for name, v in variants.items() if v.get("serve_8c")}
+    f.pop("target_p99_ms_8c", None)  # the absolute 10 ms of the first scoring issue, before issue 14
+    f["target_ratio_serve_vs_plain_8c"], f["target_p99_vs_plain_8c"] = TARGET_RATIO, TARGET_P99_VS_PLAIN
     f["plain_median"] = {str(c): {k: median([v[f"plain_{c}c"][k] for v in variants.values()])
                                   for k in ("req_per_s", "p50_ms", "p99_ms")} for c in CONNECTIONS}
     # A variant measured more than once (NAME, NAME#2, ...) counts with the median of its measurements.
@@ -578,10 +581,17 @@ def summarize(f: dict[str, Any]) -> None:
     f["best_variant"] = best
     f["best_ratio_8c"] = by[best]["ratio_8c"] if best else None
     f["best_p99_ms_8c"] = by[best]["p99_ms_8c"] if best else None
-    f["best_meets_targets"] = bool(best and f["best_ratio_8c"] >= TARGET_RATIO and f["best_p99_ms_8c"] <= TARGET_P99_MS)
+    f["best_meets_targets"] = bool(best and meets(by[best]))
     f["defaults_ratio_8c"] = by["defaults"]["ratio_8c"] if "defaults" in by else None
-    f["variants_meeting_targets"] = [name for name, g in by.items() if g["ratio_8c"] >= TARGET_RATIO
-                                     and g["p99_ms_8c"] <= TARGET_P99_MS]
+    f["defaults_p99_vs_plain_8c"] = (by["defaults"]["p99_ms_8c"] / by["defaults"]["plain_p99_ms_8c"]
+                                     if "defaults" in by else None)
+    f["defaults_meet_targets"] = bool("defaults" in by and meets(by["defaults"]))
+    f["variants_meeting_targets"] = [name for name, g in by.items() if meets(g)]
+
+
+def meets(g: dict) -> bool:
+    """A variant's medians against issue 14's targets at 8 connections."""
+    return g["ratio_8c"] >= TARGET_RATIO and g["p99_ms_8c"] <= TARGET_P99_VS_PLAIN * g["plain_p99_ms_8c"]
 
 
 def render(f: dict[str, Any]) -> str:
@@ -589,7 +599,7 @@ def render(f: dict[str, Any]) -> str:
     variants = f["variants"]
     ok = {name: v for name, v in variants.items() if v.get("serve_8c")}
     costs = f["inprocess_scoring_us"]
-    target_ratio, target_p99 = f["target_ratio_serve_vs_plain_8c"], f["target_p99_ms_8c"]
+    target_ratio, target_p99 = f["target_ratio_serve_vs_plain_8c"], f["target_p99_vs_plain_8c"]
 
     def cells(s: dict, ratio: float) -> str:
         return f"{s['req_per_s']:,.0f} | {s['p50_ms']:.1f} | {s['p99_ms']:.1f} | {ratio:.2f}"
@@ -603,7 +613,8 @@ def render(f: dict[str, Any]) -> str:
         "Serve variant runs in a fresh local Ray (num_cpus=2) started by the benchmark; the HTTP endpoints listen "
         f"on 127.0.0.1. {machine_line(f.get('machine'))}",
         "",
-        f"Issue targets at 8 connections: throughput ratio Serve/plain ≥ {target_ratio} and p99 ≤ {target_p99:g} ms. "
+        f"Issue 14's targets at 8 connections, for the defaults a user gets: throughput ratio Serve/plain ≥ "
+        f"{target_ratio} and p99 ≤ {target_p99:g}× the adjacent plain run's p99. "
         "Before this project Ray Serve with its defaults reached ~0.045× (90 vs 2,000 req/s). "
         "`streamlearn.serve.deploy` turns Serve's per-request access log off (logging_config: no access log, "
         "level WARNING) since 2026-11-22 04:38, so every row measured after that has it; rows marked EXPERIMENT "
@@ -622,16 +633,16 @@ def render(f: dict[str, Any]) -> str:
             lines.append(f"| {v['description']} | failed: {why[:300].replace('|', '/')} | | | | | | | | |")
             continue
         ratio, p99 = v["ratio_8c"], v["serve_8c"]["p99_ms"]
+        plain_p99 = v["plain_8c"]["p99_ms"]
         missed = ([f"ratio {ratio:.2f}"] if ratio < target_ratio else []) + \
-                 ([f"p99 {p99:.1f} ms"] if p99 > target_p99 else [])
+                 ([f"p99 {p99:.1f} ms = {p99 / plain_p99:.1f}× plain's"] if p99 > target_p99 * plain_p99 else [])
         errors = sum(v[f"serve_{c}c"]["errors"] for c in CONNECTIONS)
         note = ("met" if not missed else "missed: " + ", ".join(missed)) + (f"; {errors} errors" if errors else "")
         lines.append(f"| {v['description']} | {cells(v['serve_1c'], v['ratio_1c'])} | "
                      f"{cells(v['serve_8c'], v['ratio_8c'])} | {note} |")
     lines += [
         "",
-        "Other work shared the machine during these runs (another engineer's test suite at times); the plain "
-        "baseline's spread shows how much: at c=8 it ran between "
+        "How steady the machine was: the plain baseline at c=8 ran between "
         f"{min(v['plain_8c']['req_per_s'] for v in variants.values()):,.0f} and "
         f"{max(v['plain_8c']['req_per_s'] for v in variants.values()):,.0f} req/s. Compare ratios, not req/s "
         "across rows.",
@@ -673,6 +684,13 @@ def render(f: dict[str, Any]) -> str:
                       f"{f['best_ratio_8c']:.2f}× plain, p99 {f['best_p99_ms_8c']:.1f} ms (plain's own p99 in the "
                       f"adjacent runs: {g['plain_p99_ms_8c']:.1f} ms) — targets "
                       f"{'met' if f['best_meets_targets'] else 'MISSED'}."]
+    if "defaults" in f.get("by_variant", {}):
+        g = f["by_variant"]["defaults"]
+        lines += ["", f"**The defaults a user gets** (median of {g['measurements']}): {g['ratio_8c']:.2f}× plain "
+                      f"at c=8, "
+                      f"p99 {g['p99_ms_8c']:.1f} ms = {f['defaults_p99_vs_plain_8c']:.2f}× plain's "
+                      f"{g['plain_p99_ms_8c']:.1f} ms — issue 14's targets "
+                      f"{'met' if f['defaults_meet_targets'] else 'MISSED'}."]
     if f.get("merged_runs"):
         lines += ["", f"Variants come from {len(f['merged_runs'])} runs of this benchmark (finished "
                       + ", ".join(str(d) for d in f["merged_runs"]) + "; `measured_at` per variant in the JSON), "
