@@ -392,8 +392,9 @@ def report(args, cfg: TrainConfig, samples: list[dict], served_at: float | None,
     g = figures["gates"]
     lines = [f"| {name} | {'pass' if gate['passed'] else '**FAIL**'} | {gate_figures(gate)} |"
              for name, gate in g.items()]
-    rows = [f"| {m['process']} | {m['rss_start_mib']:.0f} | {m['rss_end_mib']:.0f} | {m['rss_max_mib']:.0f} | "
-            f"{m['growth_mib']:+.1f} | {m['slope_mib_per_min']:+.2f} |{'' if m['gated'] else ' (not gated)'}"
+    rows = [f"| {m['process']}{'' if m['gated'] else ' (not gated)'} | {m['rss_start_mib']:.0f} | "
+            f"{m['rss_end_mib']:.0f} | {m['rss_max_mib']:.0f} | {m['growth_mib']:+.1f} | "
+            f"{m['slope_mib_per_min']:+.2f} |"
             for m in figures["memory"]]
     text = "\n".join([
         f"`make soak`: {args.minutes:g} minutes at a steady {args.rate:,.0f} events/s ({BAD_FRACTION:.0%} malformed), "
