@@ -164,16 +164,23 @@ def _start_keeper() -> None:
             _keeper.start()
 
 
-def _keep_period_s() -> float:
-    """Half Ray's report interval: Ray drops a gauge not re-set within two intervals (Ray 2.60
-    evicts stale gauge observations), so a value set once must be sent again while it holds."""
+def report_interval_s() -> float:
+    """How often Ray sends a process's recordings to its node's agent (10 s unless
+    RAY_metrics_report_interval_ms says otherwise when the cluster starts). A process killed
+    sooner than this after its last recording loses that recording."""
     try:
         import ray
 
         interval_ms = ray._config.metrics_report_interval_ms()
     except Exception:
         interval_ms = 10_000
-    return min(max(interval_ms, 1000), 10_000) / 2000
+    return min(max(interval_ms, 1000), 10_000) / 1000
+
+
+def _keep_period_s() -> float:
+    """Half Ray's report interval: Ray drops a gauge not re-set within two intervals (Ray 2.60
+    evicts stale gauge observations), so a value set once must be sent again while it holds."""
+    return report_interval_s() / 2
 
 
 def _keep() -> None:

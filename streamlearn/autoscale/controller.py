@@ -120,7 +120,8 @@ class ScaleController:
         self._snapshot: dict[str, Any] = {}
         self._prev: tuple[float, int, int] | None = None  # (t, produced, learned) of the last sample
         self._stop = threading.Event()
-        threading.Thread(target=self._loop, name="scaler", daemon=True).start()
+        self._sampler = threading.Thread(target=self._loop, name="scaler", daemon=True)
+        self._sampler.start()
 
     @property
     def group(self) -> int:
@@ -197,7 +198,15 @@ class ScaleController:
             return dict(self._snapshot)
 
     def stop(self) -> None:
+        """End sampling with one last sample: the run's final commits are in by now, so the lag
+        the dashboard keeps showing is the run's end state, not a reading from before its last
+        checkpoint (test_metrics once saw a finished run's lag stuck at its last burst)."""
         self._stop.set()
+        self._sampler.join(timeout=30)  # kafka-python clients are not shared between threads
+        try:
+            self._sample()
+        except Exception as e:
+            log("scaler_sample_failed", level="warning", pipeline=self.pipeline, error=str(e)[:200])
         self.kafka.close()
         with self._lock:
             if self._requester is not None:

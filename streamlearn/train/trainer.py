@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from streamlearn import faults
+from streamlearn import faults, metrics
 from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError
@@ -92,7 +92,8 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     try:
         _run_groups(cfg, kafka, controller, workers, _consumed(before), started_at)
     finally:
-        ray.get(controller.stop.remote())
+        ray.get(controller.stop.remote())  # takes the run's last lag sample
+        time.sleep(metrics.report_interval_s())  # ...which reaches the metrics agent only if it lives this long
         ray.kill(controller)
     after = _meta_or_none(ckpt.newest(run_dir(cfg)))
     return summarize_run(before, after, time.time() - started)

@@ -9,7 +9,6 @@ Prometheus marks them stale once the process stops exporting them.
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import time
 
@@ -30,10 +29,6 @@ from streamlearn.train.trainer import run_dir, train
 from .test_serve import EVENT, write_checkpoint
 
 pytestmark = pytest.mark.integration
-
-# Processes push metrics to their node's agent every 10 s by default; read by every Ray
-# process, so set before the session's cluster starts (module import comes first).
-os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
 
 PIPELINE_SPEC = "tests.integration.models:MetricsFraud"  # the fraud pipeline under its own name
 PIPELINE = "fraud-metrics"  # the pipeline tag on every series this test counts
