@@ -103,8 +103,10 @@ class TrainConfig:
     window_events: int = 8192  # most events one step of the window planner hands out
     poll_interval_s: float = 0.2  # how often an idle stream is asked for new events
     checkpoint_every_steps: int = 200
-    checkpoint_every_s: float = 10.0
-    keep_checkpoints: int = 5
+    # Serving sees only checkpoints: produced -> served takes up to this plus ~2 s of learning,
+    # writing, polling and the swap moment (issue 14's freshness, p99 <= 5 s; DECISIONS §19).
+    checkpoint_every_s: float = 2.0
+    keep_checkpoints: int = 30  # rollback reach; the served and pinned versions are kept anyway
     checkpoint_dir: str = str(Path.home() / "streamlearn-checkpoints")
     run_name: str = ""  # default: the pipeline name; one name = one checkpoint lineage
     max_events: int | None = None  # stop once this many events are learned or dead-lettered

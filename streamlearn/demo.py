@@ -70,7 +70,7 @@ def run_demo(cfg: DemoConfig) -> None:
         jobs = JobSubmissionClient(dashboard)
         entrypoint = (f"{sys.executable} -m streamlearn.cli train --pipeline {cfg.pipeline} "
                       f"--bootstrap {broker.bootstrap} --topic {cfg.topic} --workers {cfg.workers} "
-                      f"--checkpoint-dir {checkpoints} --checkpoint-every-s 5")
+                      f"--checkpoint-dir {checkpoints}")  # the default cadence: what a user gets
         job_id = _submit(jobs, entrypoint)
         cleanup.callback(lambda: jobs.stop_job(job_id))
 

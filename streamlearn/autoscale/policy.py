@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamlearn.config import TrainConfig
 from streamlearn.errors import ConfigError
 
 
@@ -50,7 +51,8 @@ class ScalingPolicy:
     down_cooldown_s: float = 60.0
     capacity_floor: float = 1000.0  # events/s one worker learns at the least; also the first estimate
     capacity_alpha: float = 0.3  # EWMA weight of a new capacity sample
-    normal_lag_s: float = 10.0  # lag of this many seconds of input is normal: the checkpoint interval
+    normal_lag_s: float = TrainConfig.checkpoint_every_s  # lag this many seconds of input is normal: it is
+    # counted to the committed offsets, which move once per checkpoint
     settle_s: float = 15.0  # after a resize, rates are no capacity samples: >= pause + one sampling interval
     # How long a resize waits for room to start the new group beside the running one (a warm
     # handover: a pause of seconds) before it stops the running group first (cold: the pause

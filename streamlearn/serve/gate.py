@@ -88,6 +88,17 @@ class Ledger:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def newest_approved(self) -> int | None:
+        """The newest approved version on record (a few dozen small files at most: `prune`)."""
+        for path in sorted(self.dir.glob("v*.json"), reverse=True):
+            try:
+                decision = self.read(int(path.stem[1:]))
+            except ValueError:
+                continue
+            if decision is not None and decision.approved:
+                return decision.version
+        return None
+
     def prune(self, below: int) -> None:
         """Forget decisions of versions whose checkpoints retention has deleted."""
         for path in self.dir.glob("v*.json"):

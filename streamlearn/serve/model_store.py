@@ -83,6 +83,18 @@ def read_pin(run_dir: str | Path) -> int | None:
                               "fix it with `pin_version` or delete it to unpin") from None
 
 
+def held_versions(run_dir: str | Path) -> set[int]:
+    """Checkpoints retention must keep whatever their age: the pinned one and the newest
+    approved one, which a replica starting now loads to agree with the others. Without the
+    hold, a gate refusing `keep_checkpoints` candidates in a row pruned the served version
+    from under every replica started after that (at a checkpoint every 2 s: within a minute)."""
+    try:
+        pinned = read_pin(run_dir)
+    except CheckpointError:
+        pinned = None  # a broken pin file is reported by the replicas; retention goes on
+    return {v for v in (pinned, Ledger(run_dir).newest_approved()) if v is not None}
+
+
 def pin_version(checkpoint_dir: str | Path, run_name: str, version: int) -> Path:
     """Make every replica serve `version` (a rollback) until `unpin`. The checkpoint must
     exist and pass its integrity check now, so a typo cannot pin the service to nothing."""

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +151,8 @@ def newest(run_dir: str | Path) -> Path | None:
     return None
 
 
-def prune(run_dir: str | Path, keep: int) -> list[int]:
-    """Delete all but the newest `keep` checkpoints; return the versions deleted.
+def prune(run_dir: str | Path, keep: int, hold: Collection[int] = ()) -> list[int]:
+    """Delete all but the newest `keep` checkpoints and those in `hold`; return the versions deleted.
 
     Ours rather than Ray Train's `num_to_keep`: during a warm resize two Ray Train runs share
     the run directory, each pruning from its own list, and one failed its run deleting a
@@ -160,6 +161,8 @@ def prune(run_dir: str | Path, keep: int) -> list[int]:
     found = list_checkpoints(run_dir)
     gone = []
     for version, path in found[:max(0, len(found) - keep)]:
+        if version in hold:
+            continue
         try:
             (path / SUMS).unlink()
         except FileNotFoundError:

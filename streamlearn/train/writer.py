@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from streamlearn import faults
+from streamlearn.serve.model_store import held_versions  # what serving needs kept
 from streamlearn.train import checkpoint as ckpt
 
 MAX_PENDING = 2  # a writer slower than the cadence makes training wait rather than pile up copies
@@ -53,7 +54,7 @@ class CheckpointWriter:
         ckpt.publish(self.run_dir, version, model_state, optimizer_state, meta)
         faults.point("after_publish_before_commit")
         self._commit(offsets)  # only now: the checkpoint holding them is durable
-        ckpt.prune(self.run_dir, self.keep)
+        ckpt.prune(self.run_dir, self.keep, hold=held_versions(self.run_dir))
         then()
 
     def drain(self) -> None:

@@ -369,3 +369,39 @@ def test_decisions_of_pruned_checkpoints_are_dropped(run_dir):
     assert store.current.version == 5
     assert sorted(p.name for p in (run_dir / "decisions").glob("v*.json")) == ["v000000004.json",
                                                                                "v000000005.json"]
+
+
+def _write_through_trainer(writer, version: int, auc: float) -> None:
+    """A checkpoint as the trainer writes it: through its background writer, which prunes."""
+    torch.manual_seed(version)
+    meta = {"version": version, "offsets": {"0": 100 * version}, "counters": {"learned": 100 * version},
+            "metrics": {"online": {"window": 1000, "auc": auc}, "train_loss": 0.3},
+            "pipeline": FRAUD.describe(), "written_at": time.time(), "topic": "transactions"}
+    writer.submit(version, FRAUD.build_model().state_dict(), None, meta, {0: 100 * version}, then=lambda: None)
+    writer.drain()
+
+
+def test_retention_keeps_what_a_new_replica_must_serve(run_dir):
+    """The gate refuses more candidates in a row than the trainer keeps: the approved version
+    stays on disk, so a replica started now serves what the others serve, not 503; a pin holds
+    its version the same way. Without the hold, keep=2 deletes v1 at the third refusal."""
+    from streamlearn.train.writer import CheckpointWriter
+
+    writer = CheckpointWriter(run_dir, keep=2, commit=lambda offsets: None)
+    first = ModelStore(FRAUD, run_dir, quality_tolerance=0.02, swap_delay_s=0)
+    _write_through_trainer(writer, 1, auc=0.80)
+    first.poll_once()
+    for version in range(2, 7):  # each much worse than v1: refused
+        _write_through_trainer(writer, version, auc=0.50)
+        first.poll_once()
+    assert first.current.version == 1
+    assert [v for v, _ in checkpoint.list_checkpoints(run_dir)] == [1, 5, 6]
+    started_later = ModelStore(FRAUD, run_dir, quality_tolerance=0.02, swap_delay_s=0)
+    started_later.poll_once()
+    assert started_later.serving().version == 1
+
+    pin_version(run_dir.parent, run_dir.name, 5)
+    for version in range(7, 10):
+        _write_through_trainer(writer, version, auc=0.50)
+    writer.close()
+    assert [v for v, _ in checkpoint.list_checkpoints(run_dir)] == [1, 5, 8, 9]
