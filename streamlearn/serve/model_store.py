@@ -336,29 +336,33 @@ class ModelStore:
             self.late_swaps += 1
             log("serve_swap_late", level="warning", version=version, late_s=round(late, 3))
         if current is None and late < 0:
-            # Started between an approval and its moment: serve what the others serve until then.
-            self.current = self._previous_due(version, paths)
-            if self.current is None:
-                # Nothing was ever due, so every replica answers 503 until one serves: the first
-                # model of a lineage is served at once, with nothing older to disagree with.
-                self.current = replace(model, swapped_at=time.time())
-                return
+            # Started before this approval's moment: serve what the other replicas serve now and
+            # queue what they will switch to before this one. If nothing was ever due, this
+            # replica answers 503 like the others until the first moment: serving the lineage's
+            # first model early answered 200 here while a replica that had not polled yet said 503.
+            self.current, earlier = self._catch_up(version, paths)
+            self._queue = earlier + (model,)
+            return
         # What was announced for earlier stays queued (every replica serves it in its turn); what
         # was announced for later is overruled by this newer target (a pin over an approval).
         self._queue = tuple(m for m in self._queue if m.swapped_at < moment) + (model,)
 
-    def _previous_due(self, version: int, paths: dict[int, Path]) -> ServingModel | None:
-        """What the other replicas serve now: the newest earlier approval whose moment has come,
-        else the lineage's first approval (served at once, before its moment)."""
+    def _catch_up(self, version: int, paths: dict[int, Path]
+                  ) -> tuple[ServingModel | None, tuple[ServingModel, ...]]:
+        """For a replica with nothing served yet: the newest approval before `version` whose moment
+        has come (what the others serve now), and those announced but not yet due, in order."""
         now = time.time()
         approved = sorted((d for v, d in self._decisions.items() if d.approved and v < version and v in paths),
-                          key=lambda d: d.version, reverse=True)
-        due = [d for d in approved if d.serve_at <= now] or approved[-1:]
-        for decision in due:
-            model = self._build(decision.version, paths[decision.version], decision.serve_at, False)
-            if model is not None:
-                return model
-        return None
+                          key=lambda d: d.version)
+        pending = [d for d in approved if d.serve_at > now]
+        due = [d for d in approved if d.serve_at <= now]
+        served = None
+        for decision in reversed(due):
+            served = self._build(decision.version, paths[decision.version], decision.serve_at, False)
+            if served is not None:
+                break
+        queued = (self._build(d.version, paths[d.version], d.serve_at, False) for d in pending)
+        return served, tuple(m for m in queued if m is not None)
 
     def _build(self, version: int, path: Path, moment: float, pinned: bool) -> ServingModel | None:
         """The checkpoint as a ServingModel, checked on this replica (integrity, pipeline, weights),

@@ -320,9 +320,14 @@ def test_one_decision_when_replicas_judge_the_same_version_at_once(run_dir):
 def test_replicas_switch_at_the_announced_moment(run_dir):
     a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=0.6, poll_interval_s=0.1) for _ in range(2))
     write_checkpoint(run_dir, 1)
-    a.poll_once()
+    a.poll_once()  # decides v1; b has not looked yet
+    first = a.ledger.read(1).serve_at
+    # Even the lineage's first model waits for its moment: served at once, it answered 200 here
+    # while b, yet to poll, answered 503 (CI saw 6 such answers from two replicas).
+    assert first > time.time() and a.serving() is None
     b.poll_once()
-    # The lineage's first model serves at once: before it every replica answered 503.
+    assert b.serving() is None
+    time.sleep(max(0.0, first - time.time()) + 0.01)
     assert a.serving().version == b.serving().version == 1
     write_checkpoint(run_dir, 2)
     a.poll_once()  # decides v2 and announces its moment
@@ -336,6 +341,25 @@ def test_replicas_switch_at_the_announced_moment(run_dir):
     time.sleep(max(0.0, moment - time.time()) + 0.01)
     assert [s.serving().version for s in (a, b, late)] == [2, 2, 2]  # on the request path, no poll needed
     assert a.late_swaps == b.late_swaps == late.late_swaps == 0
+
+
+def test_a_replica_started_before_two_moments_follows_both(run_dir):
+    """Started after v1 and v2 were announced but before either moment: 503 like the others, then
+    v1, then v2 — never v2 early, never v1 after v2."""
+    a = ModelStore(FRAUD, run_dir, swap_delay_s=0.8, poll_interval_s=0.1)
+    write_checkpoint(run_dir, 1)
+    a.poll_once()
+    time.sleep(0.3)  # the two moments apart
+    write_checkpoint(run_dir, 2)
+    a.poll_once()
+    first, second = a.ledger.read(1).serve_at, a.ledger.read(2).serve_at
+    late = ModelStore(FRAUD, run_dir, swap_delay_s=0.8, poll_interval_s=0.1)
+    late.poll_once()
+    assert time.time() < first < second and late.serving() is None and a.serving() is None
+    time.sleep(max(0.0, first - time.time()) + 0.01)
+    assert late.serving().version == a.serving().version == 1
+    time.sleep(max(0.0, second - time.time()) + 0.01)
+    assert late.serving().version == a.serving().version == 2
 
 
 def test_a_pin_switches_every_replica_at_the_same_moment(run_dir):
