@@ -238,6 +238,7 @@ class Scorer:
         self.store = ModelStore.from_config(cfg)
         # Load before taking traffic, so a replica added under load never answers 503.
         self.store.poll_once()
+        self.store.await_first_moment()
         self.store.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:

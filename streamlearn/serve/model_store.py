@@ -432,6 +432,13 @@ class ModelStore:
 
     # -- background thread --
 
+    def await_first_moment(self) -> None:
+        """Nothing served yet but a model announced: wait for its moment (at most swap_delay_s),
+        so a replica starting beside a fresh checkpoint takes traffic serving it, not saying 503."""
+        queue = self._queue
+        if self.current is None and queue:
+            time.sleep(max(0.0, min(queue[0].swapped_at - time.time(), self.swap_delay_s)))
+
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return

@@ -343,6 +343,20 @@ def test_replicas_switch_at_the_announced_moment(run_dir):
     assert a.late_swaps == b.late_swaps == late.late_swaps == 0
 
 
+def test_a_starting_replica_waits_for_the_first_moment_before_traffic(run_dir):
+    """What Scorer.__init__ does: a service deployed beside a checkpoint serves it when ready."""
+    write_checkpoint(run_dir, 1)
+    store = ModelStore(FRAUD, run_dir, swap_delay_s=0.5, poll_interval_s=0.1)
+    store.poll_once()
+    assert store.serving() is None
+    started = time.monotonic()
+    store.await_first_moment()
+    assert store.serving().version == 1 and time.monotonic() - started <= 0.6
+    started = time.monotonic()
+    store.await_first_moment()  # something served: no wait
+    assert time.monotonic() - started < 0.05
+
+
 def test_a_replica_started_before_two_moments_follows_both(run_dir):
     """Started after v1 and v2 were announced but before either moment: 503 like the others, then
     v1, then v2 — never v2 early, never v1 after v2."""
