@@ -90,14 +90,17 @@ def caught_up_at(events: list[tuple[int, int, float]], served: list, warm: float
     """When a served model had learned everything produced before the first model was served.
     Until then the trainer works off the start-up backlog (a minute of events on two cores),
     and freshness measures catching up rather than the steady state."""
-    backlog: dict[int, int] = {}
+    backlog: dict[int, int] = {}  # partition -> end offset (exclusive) of what was produced by then
     for p, offset, produced in events:
         if produced <= warm:
-            backlog[p] = max(backlog.get(p, -1), offset)
-    for t, _, through in served:
-        if all(through.get(p, 0) > offset for p, offset in backlog.items()):
-            return t
-    return float("inf")
+            backlog[p] = max(backlog.get(p, 0), offset + 1)
+    return served_through(served, backlog) or float("inf")
+
+
+def served_through(served: list, ends: dict[int, int]) -> float | None:
+    """When the scorer first served a version that had learned every partition up to `ends`."""
+    return next((t for t, _, through in list(served)
+                 if all(through.get(p, 0) >= end for p, end in ends.items())), None)
 
 
 def by_interval(events: list[tuple[int, int, float]], served: list, warm: float, width: float = 10.0) -> list[dict]:
@@ -174,8 +177,7 @@ def produce_until_measured(bootstrap: str, args, served: list) -> None:
             raise SystemExit(f"no model was served within {args.patience:.0f} s; nothing to measure")
         if served and backlog is None:
             backlog = high_watermarks(bootstrap)
-        caught = backlog and next((t for t, _, through in list(served)
-                                   if all(through.get(p, 0) >= high for p, high in backlog.items())), None)
+        caught = backlog and served_through(served, backlog)
         if caught and time.time() >= caught + args.seconds:
             return
         run_load(bootstrap, TOPIC, partitions=PARTITIONS, profile=parse_profile(f"constant:{args.rate}"),

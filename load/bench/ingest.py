@@ -137,11 +137,11 @@ def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict]) -> N
                "end_to_end_s_ray_data_2_workers": rd["end_to_end_s"],
                "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs}}
     write_json("ingest", figures)
-    d = TrainConfig
+    defaults = TrainConfig
     lines = [
         f"Whole pipeline, {n:,} fraud events on 4 partitions, the same data for every contender, default settings "
-        f"(`TrainConfig()`: {d.window_events:,}-event windows, batch {d.batch_size} per worker, checkpoints every "
-        f"{d.checkpoint_every_s:g} s or {d.checkpoint_every_steps} steps); "
+        f"(`TrainConfig()`: {defaults.window_events:,}-event windows, batch {defaults.batch_size} per worker, "
+        f"checkpoints every {defaults.checkpoint_every_s:g} s or {defaults.checkpoint_every_steps} steps); "
         f"medians of {len(base_runs)} runs each. {machine_line()}",
         "",
         "| contender | learned events/s (steady) | ratio to baseline | first step after `train()` | end to end |",
