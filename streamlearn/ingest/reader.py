@@ -14,6 +14,7 @@ up to 1 s for librdkafka's idle broker thread to fetch again).
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -34,6 +35,10 @@ FETCH_CONFIG = {
     "queued.min.messages": 50_000,
     "fetch.queue.backoff.ms": 20,
 }
+
+
+def _offset(message) -> int:
+    return message.offset()
 
 
 class Message(NamedTuple):
@@ -114,9 +119,12 @@ class RangeReader:
         return how many of [start, end) are still to be consumed."""
         carried = self._carry.pop(p, [])
         if carried and carried[0].offset() == start:
-            use = [m for m in carried if m.offset() < end]
+            # Carried messages are in offset order, and a partition read far ahead carries tens of
+            # thousands: find the range's end by bisection (scanning them all, window after
+            # window, was a third of the reader's time, measured).
+            cut = bisect_left(carried, end, key=_offset)
+            use, rest = carried[:cut], carried[cut:]
             out.extend(use)
-            rest = carried[len(use):]
             if rest:
                 self._carry[p] = rest
                 return 0
