@@ -1,8 +1,11 @@
 """One rank's view of the stream: read its slice of a window, decode, dead-letter, featurize.
 
-Reading and decoding run in a background thread one window ahead of training, so the
-rank's core alternates between JSON and matrix work instead of waiting on either
-(librdkafka and torch release the GIL while they work).
+Where the window is read and decoded depends on the group. A rank of several reads the next
+window in a background thread while it trains: each step's allreduce waits for the slowest
+rank, and the reader fills those waits. A lone rank has no such waits, and a reader beside it
+only fights it for the GIL (JSON parsing holds it; each torch op that releases it waits to get
+it back, and a step took ~3x longer), so it reads in the training thread when the loop asks,
+while librdkafka keeps fetching ahead in its own threads. Measured both ways, docs/DECISIONS.md §1.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class WorkerStream:
         self.phases = phases or Phases(rank)
         self.reader = RangeReader(settings, topic, group_id)
         self.dead_letters = DeadLetters(settings, dlq_topic, topic)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"fetch-{rank}")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"fetch-{rank}") if world > 1 else None
 
     lookahead = 1  # windows planned and reading beyond the one being learned
 
@@ -70,8 +73,8 @@ class WorkerStream:
     def ingest_stats(self) -> dict:
         return {"mode": "direct"}
 
-    def prefetch(self, window: Window) -> Future:
-        return self._pool.submit(self.fetch, window)
+    def prefetch(self, window: Window) -> Future | Deferred:
+        return self._pool.submit(self.fetch, window) if self._pool else Deferred(self.fetch, window)
 
     def fetch(self, window: Window) -> Batch:
         """Two timeline spans: fetch (Kafka, waits on the network and broker) and decode (CPU: parse,
@@ -97,9 +100,22 @@ class WorkerStream:
             self.dead_letters.send(message, reason)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self.dead_letters.close()
         self.reader.close()
+
+
+class Deferred:
+    """A window's read, done in the caller's thread when its result is first asked for."""
+
+    def __init__(self, read, window: Window):
+        self._read, self._window, self._batch = read, window, None
+
+    def result(self) -> Batch:
+        if self._batch is None:
+            self._batch = self._read(self._window)
+        return self._batch
 
 
 def featurize(pipeline: Pipeline, events: list[dict], kept: list[int], bad: list[tuple[int, str]]):
