@@ -126,12 +126,14 @@ class Coordinator:
 
     def learned(self, window: Window) -> None:
         """After a window is learned: tell the controller (its learned rate, a resize's end).
-        The last report before a resize waits for delivery, so the pause is measured from it."""
+        The last report before a resize waits for delivery, so the pause is measured from it.
+        No other report waits: the controller's sampler holds its lock through calls to Ray's
+        autoscaler, and a run's last window waited 0.3-1.3 s on it (profiled)."""
         if self.controller is None or not window.size and not window.stop:
             return
         self._learned += window.size
         ref = self.controller.progress.remote(self._learned, self.world, time.time())
-        if window.stop:
+        if window.stop and self.resize_to is not None:
             ray.get(ref, timeout=10)
 
     def stopped(self) -> None:
