@@ -15,7 +15,7 @@ setup:
 	@$(PY) -m streamlearn.cli kafka fetch-jars
 
 demo: setup
-	@$(VENV)/bin/streamlearn demo $(if $(filter-out 0,$(DURATION)),--duration $(DURATION))
+	@$(VENV)/bin/streamlearn demo $(if $(filter-out 0,$(DURATION)),--duration $(DURATION)) $(if $(DEMO_HOME),--home $(DEMO_HOME))
 
 test: setup lint
 	@$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/integration

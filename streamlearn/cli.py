@@ -155,11 +155,13 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
 
 @app.command()
 def demo(duration: float | None = typer.Option(None, help="Stop after this many seconds (default: Ctrl-C)."),
-         pipeline: str = "fraud"):
+         pipeline: str = "fraud",
+         home: str = typer.Option("", help="Where the broker's data and the checkpoints go "
+                                           "(default: ~/.cache/streamlearn/demo, kept between demos).")):
     """Run the whole system locally: Kafka, Ray (dashboard), training job, scorer, load generator."""
     from streamlearn.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(duration_s=duration, pipeline=pipeline))
+    run_demo(DemoConfig(duration_s=duration, pipeline=pipeline, **({"home": Path(home)} if home else {})))
 
 
 serve_app = typer.Typer(no_args_is_help=True, help="The scoring service on Ray Serve.")

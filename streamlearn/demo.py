@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
 import urllib.request
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,9 +117,10 @@ def start_ray(dashboard_port: int, prometheus_dir: Path, object_store_mb: int = 
         os.environ[PROMETHEUS_HOST_VAR] = prometheus.url  # inherited by the dashboard
     say("starting Ray (head + dashboard) ...")
     try:
-        ctx = start_local_ray(num_cpus=4, object_store_memory=object_store_mb * 1024 * 1024, include_dashboard=True,
-                              dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
-                              configure_logging=False)
+        with ctrl_c_left_to_us():
+            ctx = start_local_ray(num_cpus=4, object_store_memory=object_store_mb * 1024 * 1024,
+                                  include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
+                                  log_to_driver=False, configure_logging=False)
         if prometheus is not None:
             follow_session(prometheus)
     except BaseException:
@@ -126,6 +128,22 @@ def start_ray(dashboard_port: int, prometheus_dir: Path, object_store_mb: int = 
             prometheus.down()
         raise
     return ctx, prometheus
+
+
+@contextmanager
+def ctrl_c_left_to_us():
+    """Processes started inside it ignore SIGINT (they inherit that). Ray's head processes are
+    this process's children, in its process group, so a terminal's Ctrl-C reached them too, and
+    the demo's orderly stop then hung on a half-dead dashboard (stopping the training job waited
+    forever). Ctrl-C is the demo's to handle: it stops them itself, in order."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers, and only it gets Ctrl-C anyway
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _start_prometheus(data_dir: Path) -> Monitor | None:

@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,32 @@ def start_local_ray(**kwargs: Any):
     from streamlearn.serve.ingress import state_dir, with_ingress
 
     os.environ.update(with_ingress(os.environ, state_dir()))
-    ctx = ray.init(address="local", **kwargs)
+    with free_agent_port():
+        ctx = ray.init(address="local", **kwargs)
     write_ray_address(ctx.address_info["gcs_address"])
     return ctx
+
+
+@contextmanager
+def free_agent_port():
+    """Inside it, a `ray.init()` head gives its dashboard agent a free port. ray.init() has no
+    argument for it and always takes 52365, so a second Ray on the machine (a user's other
+    cluster, the test suite's) made ours fail to start. Pinned Ray 2.60: RayParams takes it."""
+    import ray._private.parameter as ray_parameter
+
+    from streamlearn.kafka.broker import free_port
+
+    init, port = ray_parameter.RayParams.__init__, free_port()
+
+    def with_agent_port(self, *args, **kwargs):
+        kwargs.setdefault("dashboard_agent_listen_port", port)
+        init(self, *args, **kwargs)
+
+    ray_parameter.RayParams.__init__ = with_agent_port
+    try:
+        yield
+    finally:
+        ray_parameter.RayParams.__init__ = init
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from load.bench.common import BENCH_DIR, machine_line, median, write_json, write_section
+from streamlearn.localray import free_agent_port
 from streamlearn.serve.ingress import with_ingress
 
 CFG_ENV = "STREAMLEARN_BENCH_SCORING_CFG"
@@ -269,20 +270,10 @@ def serve_child(spec: dict[str, Any]) -> None:
                 return scorer.options(**(kw | extra))
 
         serve_app.Scorer = _WithExtra()
-    # ray.init() has no argument for the dashboard agent's port and always takes 52365, so a second
-    # Ray on this machine (the other engineer's tests, say) makes ours fail to start. Give it a free one.
-    import ray._private.parameter as ray_parameter
-
-    agent_port, ray_params_init = free_port(), ray_parameter.RayParams.__init__
-
-    def _with_agent_port(self, *a, **kw):
-        kw.setdefault("dashboard_agent_listen_port", agent_port)
-        ray_params_init(self, *a, **kw)
-
-    ray_parameter.RayParams.__init__ = _with_agent_port
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=spec["ray_tmp"],
-             _node_ip_address="127.0.0.1",
-             object_store_memory=128 * 1024 * 1024, log_to_driver=False, configure_logging=False)
+    with free_agent_port():  # a second Ray on this machine (the other engineer's tests, say)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=spec["ray_tmp"],
+                 _node_ip_address="127.0.0.1",
+                 object_store_memory=128 * 1024 * 1024, log_to_driver=False, configure_logging=False)
     try:
         url = deploy(cfg)
         print(f"READY {url}", flush=True)
