@@ -3,10 +3,11 @@
 A timer-driven kill lands wherever it happens to fall; exactly-once breaks in narrow places
 (after a checkpoint is published but before offsets are committed, in the middle of a write).
 `STREAMLEARN_FAULT=<point>[@rank<r>][#<n>]` on the driver arms one point: the n-th time rank r
-(default: any rank, the first time) passes it, the worker SIGKILLs itself. The driver hands the
-spec to its workers (the train loop's config), and the first kill leaves a mark in the run
-directory, so the group Ray Train restarts runs past the point: one fault per spec and lineage.
-Unset, every point costs a dictionary lookup.
+(default: any rank, the first time) passes it, the worker SIGKILLs itself. Several specs, comma
+separated, arm several points: one fault after another in one run (a hand-over whose old group
+and new group both die). The driver hands the spec to its workers (the train loop's config, every
+group of a run), and each kill leaves a mark in the run directory, so the group Ray Train restarts
+runs past the point: one fault per spec and lineage. Unset, every point costs a truth test.
 """
 
 from __future__ import annotations
@@ -25,46 +26,54 @@ POINTS = {
     "mid_checkpoint_write": "rank 0, model.pt written, the checksum file (its completion mark) not yet",
     "after_publish_before_commit": "rank 0, the checkpoint durable, the consumer-group offsets not committed",
     "before_dead_letter_flush": "every dead letter of the windows learned sent, none yet flushed",
+    "handover_stop_published": "rank 0 of a group stopping for a warm resize: its last checkpoint durable, "
+                               "the waiting group not yet told to take over",
+    "handover_go": "a warm group's worker, told to take over, before it restores the checkpoint",
 }
 _SPEC = re.compile(r"^(?P<point>[a-z_]+)(@rank(?P<rank>\d+))?(#(?P<nth>\d+))?$")
 
-_armed: dict | None = None
+_armed: list[dict] = []
 
 
 def spec_from_env() -> str:
     """The driver's spec, checked here so a typo fails at start, not silently never fires."""
     spec = os.environ.get(ENV, "").strip()
-    if spec:
-        parse(spec)
+    parse(spec)
     return spec
 
 
-def parse(spec: str) -> dict:
-    m = _SPEC.match(spec)
-    if not m or m["point"] not in POINTS:
-        raise ConfigError(f"{ENV}={spec!r}: expected <point>[@rank<r>][#<n>] with a point among "
-                          f"{', '.join(sorted(POINTS))}")
-    return {"point": m["point"], "rank": int(m["rank"]) if m["rank"] else None, "nth": int(m["nth"] or 1)}
+def parse(spec: str) -> list[dict]:
+    faults = []
+    for one in filter(None, (s.strip() for s in spec.split(","))):
+        m = _SPEC.match(one)
+        if not m or m["point"] not in POINTS:
+            raise ConfigError(f"{ENV}={spec!r}: expected <point>[@rank<r>][#<n>][,<another>...] with points among "
+                              f"{', '.join(sorted(POINTS))}")
+        faults.append({"spec": one, "point": m["point"], "rank": int(m["rank"]) if m["rank"] else None,
+                       "nth": int(m["nth"] or 1)})
+    return faults
+
+
+def mark_of(run_dir: Path, spec: str) -> Path:
+    """The file a fired spec leaves in the run directory (tests look for it)."""
+    return run_dir / ".faults" / re.sub(r"[^a-z0-9_]", "-", spec)
 
 
 def arm(spec: str, rank: int, run_dir: Path) -> None:
-    """In a worker: arm the spec for this rank, unless it already fired in this lineage."""
-    global _armed
-    _armed = None
-    if not spec:
-        return
-    fault = parse(spec)
-    mark = run_dir / ".faults" / re.sub(r"[^a-z0-9_]", "-", spec)
-    if (fault["rank"] is None or fault["rank"] == rank) and not mark.exists():
-        _armed = {**fault, "mark": mark, "seen": 0}
+    """In a worker: arm each spec for this rank, unless it already fired in this lineage."""
+    _armed[:] = [{**fault, "mark": mark_of(run_dir, fault["spec"]), "seen": 0} for fault in parse(spec)
+                 if fault["rank"] in (None, rank) and not mark_of(run_dir, fault["spec"]).exists()]
 
 
 def point(name: str) -> None:
     """A place where an armed fault kills this process."""
-    if _armed is None or _armed["point"] != name:
+    if not _armed:
         return
-    _armed["seen"] += 1
-    if _armed["seen"] == _armed["nth"]:
-        _armed["mark"].parent.mkdir(parents=True, exist_ok=True)
-        _armed["mark"].write_text(name)
-        os.kill(os.getpid(), signal.SIGKILL)
+    for fault in _armed:
+        if fault["point"] != name:
+            continue
+        fault["seen"] += 1
+        if fault["seen"] == fault["nth"]:
+            fault["mark"].parent.mkdir(parents=True, exist_ok=True)
+            fault["mark"].write_text(name)
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -16,6 +16,7 @@ import ray
 import torch.distributed as dist
 from confluent_kafka import KafkaException
 
+from streamlearn import faults
 from streamlearn.autoscale.controller import call
 from streamlearn.config import TrainConfig
 from streamlearn.errors import KafkaUnavailable
@@ -48,6 +49,8 @@ def await_handover(controller, gen: int, rank: int, poll_s: float = 0.1) -> bool
         log("handover_waiting", gen=gen)
     while (answer := call(controller.handover, gen)) == "wait":
         time.sleep(poll_s)
+    if answer == "go":
+        faults.point("handover_go")
     return answer == "go"
 
 
@@ -139,6 +142,7 @@ class Coordinator:
     def stopped(self) -> None:
         """After the checkpoint a resize stopped at: the next group may restore it now."""
         if self.controller is not None and self.resize_to is not None:
+            faults.point("handover_stop_published")
             call(self.controller.group_stopped)
 
     def _resize_due(self, now: float) -> bool:

@@ -1,18 +1,25 @@
 """Aimed faults: a worker killed exactly where exactly-once usually breaks, not where a timer falls.
 
-Each case trains a topic with bad events in it while one named fault point (streamlearn/faults.py)
-SIGKILLs a worker; Ray Train restarts the group from the newest checkpoint on disk, and the run
+Each case trains a topic with bad events in it while named fault points (streamlearn/faults.py)
+SIGKILL a worker; Ray Train restarts the group from the newest checkpoint on disk, and the run
 must end learned == produced − dead-lettered with the fingerprint of the topic, every bad event in
 the dead-letter topic exactly once, and the consumer group's offsets equal to the checkpoint's.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 
 from load.generator import run_load
+from load.profiles import parse_profile
+from streamlearn import faults
+from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.train.trainer import run_dir, train
 
+from .test_autoscale import _rows
 from .test_training import assert_exactly_once, config
 
 CASES = {
@@ -43,7 +50,55 @@ def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, 
                  until_idle_s=3.0, max_failures=2, ingest=ingest)
     monkeypatch.setenv("STREAMLEARN_FAULT", fault)
     summary = train(cfg, kafka_settings)
-    fired = run_dir(cfg) / ".faults" / fault.replace("@", "-").replace("#", "-")
-    assert fired.exists(), f"the fault {fault} never fired"
+    assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
+    meta = assert_exactly_once(kafka_settings, cfg)
+    assert summary["lineage_learned"] == meta["counters"]["learned"]
+
+
+@pytest.mark.timeout(900)
+def test_exactly_once_when_both_groups_of_a_warm_handover_die(kafka, kafka_settings, ray_cluster, topic, tmp_path,
+                                                            monkeypatch):
+    """A warm resize 1 -> 2 in which each group dies at its narrowest point: the old group's rank 0
+    right after the checkpoint it stopped at is durable, before the waiting group is told to take
+    over (Ray Train restarts the old group, which must stop again at a checkpoint, not learn past
+    the hand-over); then the new group's rank 1 right after it was told to take over, before it
+    restores (its restart must restore the newest checkpoint, not start from the one it was
+    handed before the old group's restart). One run, both faults, one exactly-once check."""
+    # HeavyFraud learns ~11k events/s per worker here: a 150k burst is more than one worker drains
+    # in --target-drain, so the policy asks for a second; no resize back (down cool-down > run).
+    cfg = config(tmp_path, topic, pipeline="tests.integration.models:HeavyFraud", workers=1, until_idle_s=6.0,
+                 checkpoint_every_s=2.0, checkpoint_every_steps=200, window_events=8192, batch_size=256,
+                 max_failures=2)
+    policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=3600, target_drain_s=10,
+                           capacity_floor=2000, normal_lag_s=cfg.checkpoint_every_s, warm_wait_s=240)
+    spec = "handover_stop_published@rank0,handover_go@rank1"
+    monkeypatch.setenv(faults.ENV, spec)
+    stop = threading.Event()
+
+    def produce():
+        run_load(kafka.bootstrap, topic, partitions=4, count=150_000, bad_fraction=0.01, seed=51, progress=False)
+        seed = 52
+        # A trickle until the resize is over, so that the old group is still learning when the new
+        # one is ready; then silence, and --until-idle ends the run.
+        while not stop.is_set() and not _rows(run_dir(cfg) / "resizes.jsonl"):
+            run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:300"), duration=3,
+                     seed=seed, bad_fraction=0.01, progress=False)
+            seed += 1
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        summary = train(cfg, kafka_settings, scaling=policy)
+    finally:
+        stop.set()
+        producer.join(timeout=60)
+
+    for one in spec.split(","):
+        assert faults.mark_of(run_dir(cfg), one).exists(), f"the fault {one} never fired"
+    resizes = _rows(run_dir(cfg) / "resizes.jsonl")
+    print("resizes", json.dumps(resizes))
+    assert [(r["from"], r["to"], r["mode"]) for r in resizes] == [(1, 2, "warm")], resizes
+    history = _rows(run_dir(cfg) / "history.jsonl")
+    assert history[-1]["workers"] == 2, "the new group never checkpointed"
     meta = assert_exactly_once(kafka_settings, cfg)
     assert summary["lineage_learned"] == meta["counters"]["learned"]
