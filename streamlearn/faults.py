@@ -6,8 +6,10 @@ A timer-driven kill lands wherever it happens to fall; exactly-once breaks in na
 (default: any rank, the first time) passes it, the worker SIGKILLs itself. Several specs, comma
 separated, arm several points: one fault after another in one run (a hand-over whose old group
 and new group both die). The driver hands the spec to its workers (the train loop's config, every
-group of a run), and each kill leaves a mark in the run directory, so the group Ray Train restarts
-runs past the point: one fault per spec and lineage. Unset, every point costs a truth test.
+group of a run) and `streamlearn serve` to its replicas (their runtime environment). Each kill
+first creates a mark in the run directory, exclusively: one process fires a spec, and the group
+Ray Train restarts (or the replica Serve starts) runs past the point: one fault per spec and
+lineage. Unset, every point costs a truth test.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ POINTS = {
     "handover_stop_published": "rank 0 of a group stopping for a warm resize: its last checkpoint durable, "
                                "the waiting group not yet told to take over",
     "handover_go": "a warm group's worker, told to take over, before it restores the checkpoint",
+    "serve_mid_swap": "a Serve replica with the next approved version loaded, before the moment every "
+                      "replica switches to it",
 }
 _SPEC = re.compile(r"^(?P<point>[a-z_]+)(@rank(?P<rank>\d+))?(#(?P<nth>\d+))?$")
 
@@ -59,8 +63,9 @@ def mark_of(run_dir: Path, spec: str) -> Path:
     return run_dir / ".faults" / re.sub(r"[^a-z0-9_]", "-", spec)
 
 
-def arm(spec: str, rank: int, run_dir: Path) -> None:
-    """In a worker: arm each spec for this rank, unless it already fired in this lineage."""
+def arm(spec: str, rank: int | None, run_dir: Path) -> None:
+    """In a worker (rank None: a process with no rank, a Serve replica): arm each spec meant for
+    it, unless it already fired in this lineage."""
     _armed[:] = [{**fault, "mark": mark_of(run_dir, fault["spec"]), "seen": 0} for fault in parse(spec)
                  if fault["rank"] in (None, rank) and not mark_of(run_dir, fault["spec"]).exists()]
 
@@ -75,5 +80,10 @@ def point(name: str) -> None:
         fault["seen"] += 1
         if fault["seen"] == fault["nth"]:
             fault["mark"].parent.mkdir(parents=True, exist_ok=True)
-            fault["mark"].write_text(name)
+            try:
+                with open(fault["mark"], "x") as mark:  # another process fired it first: once only
+                    mark.write(f"{name} pid {os.getpid()}")
+            except FileExistsError:
+                fault["seen"] = -1 << 60
+                continue
             os.kill(os.getpid(), signal.SIGKILL)

@@ -27,7 +27,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from ray import serve
 
-from streamlearn import metrics
+from streamlearn import faults, metrics
 from streamlearn.errors import BadEvent, ConfigError, ServeError
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
@@ -235,6 +235,7 @@ class Scorer:
     def __init__(self, cfg: ServeConfig):
         torch.set_num_threads(cfg.torch_threads)  # replicas share cores; threads would fight
         self.cfg = cfg
+        faults.arm(faults.spec_from_env(), None, cfg.run_dir)  # only where a test aimed one (STREAMLEARN_FAULT)
         self.store = ModelStore.from_config(cfg)
         # Load before taking traffic, so a replica added under load never answers 503.
         self.store.poll_once()
@@ -312,10 +313,12 @@ def scorer_app(cfg: ServeConfig) -> serve.Application:
     if checkpoint.newest(cfg.run_dir) is None:
         log("serve_no_checkpoint_yet", level="warning", run_dir=str(cfg.run_dir),
             hint="/score answers 503 until the trainer writes a checkpoint")
+    fault = faults.spec_from_env()  # an aimed fault travels to the replicas, as to the Train workers
     return Scorer.options(
         autoscaling_config=cfg.autoscaling(),
         max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cfg.num_cpus},
+        ray_actor_options={"num_cpus": cfg.num_cpus,
+                           **({"runtime_env": {"env_vars": {faults.ENV: fault}}} if fault else {})},
         # A per-request access-log line roughly doubled p99 on 2 cores (load/bench/scoring.py);
         # swaps, rejections and errors still log (WARNING and our own structured lines).
         logging_config={"enable_access_log": False, "log_level": "WARNING"},

@@ -29,7 +29,7 @@ from typing import Any
 
 from torch import nn
 
-from streamlearn import metrics
+from streamlearn import faults, metrics
 from streamlearn.errors import CheckpointError
 from streamlearn.logs import bind, log
 from streamlearn.pipeline import Pipeline, load_pipeline
@@ -346,6 +346,8 @@ class ModelStore:
         # What was announced for earlier stays queued (every replica serves it in its turn); what
         # was announced for later is overruled by this newer target (a pin over an approval).
         self._queue = tuple(m for m in self._queue if m.swapped_at < moment) + (model,)
+        if moment > time.time():
+            faults.point("serve_mid_swap")
 
     def _catch_up(self, version: int, paths: dict[int, Path]
                   ) -> tuple[ServingModel | None, tuple[ServingModel, ...]]:

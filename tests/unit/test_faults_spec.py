@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from streamlearn import faults
 from streamlearn.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_several_specs_arm_several_points_for_their_ranks_only(tmp_path):
@@ -33,3 +40,20 @@ def test_a_spec_naming_no_point_fails_with_the_points_listed(spec, monkeypatch):
     monkeypatch.setenv(faults.ENV, spec)
     with pytest.raises(ConfigError, match="handover_go"):
         faults.spec_from_env()
+
+
+def _pass_point(run_dir, fired_elsewhere: bool) -> int:
+    code = (f"from pathlib import Path\nfrom streamlearn import faults\nrun = Path({str(run_dir)!r})\n"
+            "faults.arm('serve_mid_swap#2', None, run)\n"
+            + ("faults.mark_of(run, 'serve_mid_swap#2').parent.mkdir(parents=True)\n"
+               "faults.mark_of(run, 'serve_mid_swap#2').write_text('another replica')\n" if fired_elsewhere else "")
+            + "faults.point('serve_mid_swap')\nfaults.point('step')\nfaults.point('serve_mid_swap')\n"
+              "faults.point('serve_mid_swap')\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, timeout=60).returncode
+
+
+def test_the_nth_pass_kills_the_process_and_only_one_process_fires_a_spec(tmp_path):
+    assert _pass_point(tmp_path / "a", fired_elsewhere=False) == -signal.SIGKILL
+    assert faults.mark_of(tmp_path / "a", "serve_mid_swap#2").read_text().startswith("serve_mid_swap pid ")
+    # Armed in two replicas: the one that comes second finds the mark and lives on.
+    assert _pass_point(tmp_path / "b", fired_elsewhere=True) == 0
