@@ -161,7 +161,8 @@ def report(args, kills: list[dict], audited: dict, loadavg_before: float) -> Non
         f"**Kill → learning resumes (the new group's first optimizer step): median {resumed:.1f} s** "
         f"(runs: {', '.join(format(k['resumed_s'], '.1f') for k in kills)}; target ≤ {TARGET_S:.0f} s: "
         f"{'met' if resumed <= TARGET_S else 'not met'}). Kill → the new group's first checkpoint: median "
-        f"{figures['worker_kill_to_first_checkpoint_s_median']:.1f} s (checkpoints every 10 s by default). "
+        f"{figures['worker_kill_to_first_checkpoint_s_median']:.1f} s "
+        f"(checkpoints every {TrainConfig().checkpoint_every_s:g} s by default). "
         f"Exactly-once after the kills, against a re-read of Kafka: "
         f"{'held' if audited['passed'] else 'BROKEN ' + str(audited['checks'])} ({audited['learned']:,} learned, "
         f"{audited['dead_lettered']:,} dead-lettered of {audited['produced']:,} produced).",
