@@ -9,17 +9,16 @@ the dead-letter topic exactly once, and the consumer group's offsets equal to th
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
 from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn import faults
 from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.train.trainer import run_dir, train
 
 from .test_autoscale import _rows
+from .test_resize import train_through_a_burst
 from .test_training import assert_exactly_once, config
 
 CASES = {
@@ -73,25 +72,8 @@ def test_exactly_once_when_both_groups_of_a_warm_handover_die(kafka, kafka_setti
                            capacity_floor=2000, normal_lag_s=cfg.checkpoint_every_s, warm_wait_s=240)
     spec = "handover_stop_published@rank0,handover_go@rank1"
     monkeypatch.setenv(faults.ENV, spec)
-    stop = threading.Event()
-
-    def produce():
-        run_load(kafka.bootstrap, topic, partitions=4, count=150_000, bad_fraction=0.01, seed=51, progress=False)
-        seed = 52
-        # A trickle until the resize is over, so that the old group is still learning when the new
-        # one is ready; then silence, and --until-idle ends the run.
-        while not stop.is_set() and not _rows(run_dir(cfg) / "resizes.jsonl"):
-            run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:300"), duration=3,
-                     seed=seed, bad_fraction=0.01, progress=False)
-            seed += 1
-
-    producer = threading.Thread(target=produce, daemon=True)
-    producer.start()
-    try:
-        summary = train(cfg, kafka_settings, scaling=policy)
-    finally:
-        stop.set()
-        producer.join(timeout=60)
+    summary = train_through_a_burst(kafka, kafka_settings, cfg, policy, seed=51,
+                                    until=lambda: bool(_rows(run_dir(cfg) / "resizes.jsonl")))
 
     for one in spec.split(","):
         assert faults.mark_of(run_dir(cfg), one).exists(), f"the fault {one} never fired"

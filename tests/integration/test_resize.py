@@ -32,24 +32,9 @@ def test_warm_resizes_with_ray_data_learn_every_event_once(kafka, kafka_settings
                  batch_size=256)
     policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=8, target_drain_s=10,
                            capacity_floor=2000, normal_lag_s=cfg.checkpoint_every_s, warm_wait_s=240)
-    stop = threading.Event()
-
-    def produce():
-        run_load(kafka.bootstrap, topic, partitions=4, count=150_000, bad_fraction=0.01, seed=41, progress=False)
-        seed = 42
-        # A trickle until both resizes are done; then silence, and --until-idle ends the run.
-        while not stop.is_set() and not any(r["to"] == 1 for r in _rows(run_dir(cfg) / "resizes.jsonl")):
-            run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:300"), duration=3,
-                     seed=seed, bad_fraction=0.01, progress=False)
-            seed += 1
-
-    producer = threading.Thread(target=produce, daemon=True)
-    producer.start()
-    try:
-        summary = train(cfg, kafka_settings, scaling=policy)
-    finally:
-        stop.set()
-        producer.join(timeout=60)
+    # The trickle goes on until both resizes are done.
+    summary = train_through_a_burst(kafka, kafka_settings, cfg, policy, seed=41,
+                                    until=lambda: any(r["to"] == 1 for r in _rows(run_dir(cfg) / "resizes.jsonl")))
 
     resizes = _rows(run_dir(cfg) / "resizes.jsonl")
     print("resizes", json.dumps(resizes))
@@ -58,3 +43,27 @@ def test_warm_resizes_with_ray_data_learn_every_event_once(kafka, kafka_settings
     meta = assert_exactly_once(kafka_settings, cfg)
     assert meta["metrics"]["ingest"]["mode"] == "ray-data"
     assert summary["lineage_learned"] == meta["counters"]["learned"]
+
+
+def train_through_a_burst(kafka, kafka_settings, cfg, policy: ScalingPolicy, *, seed: int, until) -> dict:
+    """Train under `policy` while 150k events (1 % bad) go into the topic at once and then a
+    trickle of 300 events/s until `until()` holds, so the old group is still learning when a new
+    one is ready; then silence, and `--until-idle` ends the run. Returns train()'s summary."""
+    stop = threading.Event()
+
+    def produce():
+        run_load(kafka.bootstrap, cfg.topic, partitions=4, count=150_000, bad_fraction=0.01, seed=seed,
+                 progress=False)
+        chunk = seed + 1
+        while not stop.is_set() and not until():
+            run_load(kafka.bootstrap, cfg.topic, partitions=4, profile=parse_profile("constant:300"), duration=3,
+                     seed=chunk, bad_fraction=0.01, progress=False)
+            chunk += 1
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        return train(cfg, kafka_settings, scaling=policy)
+    finally:
+        stop.set()
+        producer.join(timeout=60)
