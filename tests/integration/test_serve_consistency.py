@@ -28,6 +28,7 @@ from streamlearn.train.trainer import run_dir, train
 
 from .test_faults import Producing, replicas, running_replicas
 from .test_serve import EVENT, wait_for
+from .test_training import assert_exactly_once
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +100,7 @@ def test_a_replica_killed_mid_swap_is_replaced_without_a_version_going_back(kafk
     _assert_one_version_at_a_time(results, cfg)
     killed_pid = int(mark(cfg).read_text().split()[-1])
     assert len(alive) == 2 and killed_pid not in alive, f"replica {killed_pid} was not replaced: {alive}"
+    assert_exactly_once(kafka_settings, cfg)  # the trainer beside it: counts, fingerprint, dead letters once
 
 
 def _monotonic(wall: float) -> float:
