@@ -1,0 +1,335 @@
+"""Join state: events waiting for their labels, labels waiting for their events (issue 16).
+
+A fraud label comes from a chargeback or an analyst hours to weeks after the transaction, many
+never come, and on replay a label can be read before its event. So both sides wait, in columns
+(numpy arrays in arrival order, not a Python object per event: 241 bytes a pending fraud event
+at 1M pending, load/bench/join.py), behind a sorted index of 64-bit keys:
+
+- an entry waits until its other half comes (joined: handed back to be learned), its TTL passes
+  (expired) or the side holds `max_pending` rows (the oldest evicted). Expiry and eviction are
+  counted per side and returned, never silent: an event expired is "never labelled", a label
+  expired is "a label for no known event" and goes to the dead-letter topic with that reason;
+- `snapshot()` is every array of the state and `JoinState.restore` rebuilds it, so a checkpoint
+  can carry the state beside the offsets of both topics (exactly-once across two topics).
+
+Keys are 64-bit hashes of the event id's UTF-8 bytes, computed over a whole batch at once in
+numpy (blake2b per id cost 6 µs an event, more than half the training loop's budget):
+stable across processes (Python's hash is salted per process), and at a million pending ids a
+collision has odds of ~1 in 10^7; a key already pending on a side is refused as a duplicate
+rather than overwriting it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+GROWTH = 1.25  # spare rows allocated when a side grows: bounds the slack in bytes per pending entry
+SMALL_INDEX_ROWS = 65_536  # keys added since the last merge sit in a small sorted index (cheap inserts)
+
+
+FNV_OFFSET, FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+MIX1, MIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)  # murmur3's 64-bit finalizer
+S33 = np.uint64(33)
+
+
+def join_keys(ids: Iterable[str]) -> np.ndarray:
+    """Event ids -> uint64 join keys, the same in every process and batch: FNV-1a over the UTF-8
+    bytes 8 at a time (little-endian words, the last zero-padded), the length mixed in, then
+    murmur3's finalizer so that every input bit reaches every key bit."""
+    raw = np.array([i.encode() for i in ids], dtype=bytes)
+    if not len(raw):
+        return np.empty(0, np.uint64)
+    lengths = np.char.str_len(raw).astype(np.uint64)
+    words = -(-raw.dtype.itemsize // 8)
+    padded = np.zeros(len(raw), dtype=f"S{8 * words}")
+    padded[:] = raw
+    columns = padded.view("<u8").reshape(len(raw), words)
+    used = (lengths + np.uint64(7)) // np.uint64(8)
+    keys = np.full(len(raw), FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(words):  # a short id stops at its own last word, whatever the batch's widest
+            keys = np.where(used > j, (keys ^ columns[:, j]) * FNV_PRIME, keys)
+        keys = (keys ^ lengths) * FNV_PRIME
+        keys ^= keys >> S33
+        keys *= MIX1
+        keys ^= keys >> S33
+        keys *= MIX2
+        keys ^= keys >> S33
+    return keys
+
+
+@dataclass
+class Expired:
+    """Entries that left a side without their other half; `rows` holds their columns."""
+
+    reason: str  # "ttl" or "cap"
+    rows: dict[str, np.ndarray]
+
+    @property
+    def count(self) -> int:
+        return len(self.rows["key"])
+
+
+class Side:
+    """One side of the join: rows in arrival order, a FIFO for expiry, a sorted index for lookups."""
+
+    def __init__(self, columns: dict[str, tuple[np.dtype, tuple[int, ...]]], ttl_s: float, max_pending: int):
+        self.spec = {"key": (np.dtype(np.uint64), ()), "t": (np.dtype(np.float64), ()), **columns}
+        self.ttl_s, self.max_pending = ttl_s, max_pending
+        self.cols = {name: np.empty((0, *shape), dtype) for name, (dtype, shape) in self.spec.items()}
+        self.alive = np.empty(0, dtype=bool)
+        self.base = 0  # global row number of cols[...][0]
+        self.n = 0  # rows used (alive or not) from base
+        self.head = 0  # rows before base + head are all gone
+        self.pending = 0
+        self._big = (np.empty(0, np.uint64), np.empty(0, np.int64))  # sorted keys, their global rows
+        self._small = (np.empty(0, np.uint64), np.empty(0, np.int64))
+
+    # -- writes --
+    def add(self, rows: dict[str, np.ndarray]) -> np.ndarray:
+        """Append rows (columns by name, `key` and `t` included); returns the mask of rows taken
+        (False: the key is already pending here, a duplicate)."""
+        keys = rows["key"]
+        _, hit = self.find(keys)
+        taken = ~hit
+        if len(keys) > 1:  # a duplicate within the batch: the first one waits, the later are refused
+            order = np.argsort(keys, kind="stable")
+            repeat = np.zeros(len(keys), dtype=bool)
+            repeat[order[1:]] = keys[order[1:]] == keys[order[:-1]]
+            taken &= ~repeat
+        count = int(taken.sum())
+        self._reserve(count)
+        lo = self.n
+        for name, col in self.cols.items():
+            col[lo:lo + count] = rows[name][taken]
+        self.alive[lo:lo + count] = True
+        self.n += count
+        self.pending += count
+        self._index(rows["key"][taken], np.arange(self.base + lo, self.base + lo + count, dtype=np.int64))
+        return taken
+
+    def take(self, keys: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Remove the pending rows with these keys: (mask of keys found, their rows in the keys'
+        order). A key given twice takes its row once: the first occurrence."""
+        rows, found = self.find(keys)
+        if found.sum() > 1:
+            hits = np.flatnonzero(found)
+            _, first = np.unique(rows[hits], return_index=True)
+            found[:] = False
+            found[np.sort(hits[first])] = True
+        local = rows[found] - self.base
+        out = {name: col[local] for name, col in self.cols.items()}
+        self.alive[local] = False
+        self.pending -= len(local)
+        return found, out
+
+    def expire(self, now: float) -> list[Expired]:
+        """Drop what waited past the TTL, then the oldest while more than `max_pending` wait."""
+        out = []
+        t = self.cols["t"]
+        end = self.head + int(np.searchsorted(t[self.head:self.n], now - self.ttl_s, side="left"))
+        if end > self.head:
+            out.append(self._drop(end, "ttl"))
+        if self.pending > self.max_pending:
+            alive = np.flatnonzero(self.alive[self.head:self.n]) + self.head
+            out.append(self._drop(int(alive[self.pending - self.max_pending - 1]) + 1, "cap"))
+        self._compact()
+        return [e for e in out if e.count]
+
+    # -- reads --
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(global rows, found mask) of pending rows with these keys."""
+        rows = np.full(len(keys), -1, dtype=np.int64)
+        for sorted_keys, sorted_rows in (self._big, self._small):
+            if not len(sorted_keys):
+                continue
+            at = np.searchsorted(sorted_keys, keys)
+            at[at == len(sorted_keys)] = 0
+            hit = sorted_keys[at] == keys
+            candidate = sorted_rows[at]
+            local = candidate - self.base
+            ok = hit & (local >= self.head) & (local < self.n)
+            ok[ok] &= self.alive[local[ok]]
+            rows[ok] = candidate[ok]
+        return rows, rows >= 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this side holds (allocated columns and index), what the memory figure counts."""
+        return (sum(c.nbytes for c in self.cols.values()) + self.alive.nbytes
+                + sum(a.nbytes for a in (*self._big, *self._small)))
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The pending rows, oldest first."""
+        keep = np.flatnonzero(self.alive[self.head:self.n]) + self.head
+        return {name: col[keep].copy() for name, col in self.cols.items()}
+
+    # -- internals --
+    def _drop(self, end: int, reason: str) -> Expired:
+        gone = np.flatnonzero(self.alive[self.head:end]) + self.head
+        rows = {name: col[gone] for name, col in self.cols.items()}
+        self.alive[self.head:end] = False
+        self.pending -= len(gone)
+        self.head = end
+        return Expired(reason, rows)
+
+    def _reserve(self, count: int) -> None:
+        need = self.n + count
+        if need <= len(self.alive):
+            return
+        if self.pending + count <= len(self.alive) and self.pending < 3 * self.n // 4:
+            self._compact(force=True)  # room enough once what is gone is dropped
+            if self.n + count <= len(self.alive):
+                return
+        need = self.n + count
+        size = max(need, int(len(self.alive) * GROWTH), 1024)
+        for name, col in self.cols.items():
+            grown = np.empty((size, *col.shape[1:]), col.dtype)
+            grown[:self.n] = col[:self.n]
+            self.cols[name] = grown
+        alive = np.zeros(size, dtype=bool)
+        alive[:self.n] = self.alive[:self.n]
+        self.alive = alive
+
+    def _compact(self, force: bool = False) -> None:
+        """Move the pending rows to the front, in order, once a quarter of the rows in use are
+        gone (joined, expired) or when growing would be needed: memory follows what is pending,
+        not what passed through. The index is rebuilt (rows moved), a cost spread over at least
+        a quarter of the rows' departures."""
+        used = self.n
+        if not used or (not force and self.pending > 3 * used // 4):
+            return
+        if force and self.pending == used and self.head == 0:
+            return
+        keep = np.flatnonzero(self.alive[self.head:self.n]) + self.head
+        for col in self.cols.values():
+            col[:len(keep)] = col[keep]
+        self.alive[:len(keep)] = True
+        self.alive[len(keep):] = False
+        self.base, self.n, self.head = self.base + used, len(keep), 0  # new global rows: nothing stale matches
+        order = np.argsort(self.cols["key"][:self.n], kind="stable")
+        self._big = (self.cols["key"][:self.n][order], order.astype(np.int64) + self.base)
+        self._small = (np.empty(0, np.uint64), np.empty(0, np.int64))
+
+    def _index(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], rows[order]
+        small_keys, small_rows = self._small
+        at = np.searchsorted(small_keys, keys)
+        self._small = (np.insert(small_keys, at, keys), np.insert(small_rows, at, rows))
+        if len(self._small[0]) > max(SMALL_INDEX_ROWS, len(self._big[0]) // 8):
+            self._merge()
+
+    def _merge(self) -> None:
+        """Fold the small index into the big one (both sorted: one insert, no sort), dropping
+        entries of rows no longer pending."""
+        (big_keys, big_rows), (small_keys, small_rows) = self._pending_only(self._big), self._pending_only(self._small)
+        at = np.searchsorted(big_keys, small_keys)
+        self._big = (np.insert(big_keys, at, small_keys), np.insert(big_rows, at, small_rows))
+        self._small = (np.empty(0, np.uint64), np.empty(0, np.int64))
+
+    def _pending_only(self, index: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        keys, rows = index
+        local = rows - self.base
+        ok = (local >= self.head) & (local < self.n)
+        ok[ok] &= self.alive[local[ok]]
+        return keys[ok], rows[ok]
+
+
+@dataclass
+class Joined:
+    """Events whose labels came: what the trainer learns (features, targets, event fingerprints)."""
+
+    features: np.ndarray
+    targets: np.ndarray
+    crcs: np.ndarray
+    keys: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return len(self.targets)
+
+
+@dataclass
+class JoinState:
+    """Both sides of the join of `<topic>` (events) and `<topic>.labels` (labels), bounded by
+    `ttl_s` and `max_pending` rows per side."""
+
+    n_features: int
+    ttl_s: float
+    max_pending: int
+    events: Side = field(init=False)
+    labels: Side = field(init=False)
+    expired: dict[str, int] = field(default_factory=dict)  # "events.ttl", "labels.cap", ...: counts
+    duplicates: dict[str, int] = field(default_factory=lambda: {"events": 0, "labels": 0})
+    _last_t: float = float("-inf")
+
+    def __post_init__(self):
+        self.events = Side({"features": (np.dtype(np.float32), (self.n_features,)), "crc": (np.dtype(np.uint32), ())},
+                           self.ttl_s, self.max_pending)
+        self.labels = Side({"target": (np.dtype(np.float32), ()), "partition": (np.dtype(np.int32), ()),
+                            "offset": (np.dtype(np.int64), ())}, self.ttl_s, self.max_pending)
+
+    def add_events(self, keys: np.ndarray, features: np.ndarray, crcs: np.ndarray, t: float) -> Joined:
+        """Decoded events arrived at `t` (seconds, the trainer's wall clock): those whose label
+        already waits are joined now, the rest wait."""
+        t = self._arrival(t)
+        found, labels = self.labels.take(keys)
+        joined = Joined(features[found], labels["target"], crcs[found], keys[found])
+        rest = ~found
+        taken = self.events.add({"key": keys[rest], "t": np.full(int(rest.sum()), t), "features": features[rest],
+                                 "crc": crcs[rest]})
+        self.duplicates["events"] += int((~taken).sum())
+        return joined
+
+    def add_labels(self, keys: np.ndarray, targets: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
+                   t: float) -> Joined:
+        """Labels arrived at `t`: those whose event waits are joined now, the rest wait for theirs."""
+        t = self._arrival(t)
+        found, events = self.events.take(keys)
+        joined = Joined(events["features"], targets[found], events["crc"], keys[found])
+        rest = ~found
+        taken = self.labels.add({"key": keys[rest], "t": np.full(int(rest.sum()), t), "target": targets[rest],
+                                 "partition": partitions[rest], "offset": offsets[rest]})
+        self.duplicates["labels"] += int((~taken).sum())
+        return joined
+
+    def _arrival(self, t: float) -> float:
+        # Expiry walks each side oldest first, so arrival times must not go back (a clock step).
+        self._last_t = max(self._last_t, t)
+        return self._last_t
+
+    def expire(self, now: float) -> dict[str, list[Expired]]:
+        """Drop what waited too long or past the cap, counted; labels dropped here belong in the
+        dead-letter topic (their coordinates are in the rows), events dropped were never labelled."""
+        out = {"events": self.events.expire(now), "labels": self.labels.expire(now)}
+        for side, gone in out.items():
+            for e in gone:
+                self.expired[f"{side}.{e.reason}"] = self.expired.get(f"{side}.{e.reason}", 0) + e.count
+        return out
+
+    @property
+    def pending(self) -> dict[str, int]:
+        return {"events": self.events.pending, "labels": self.labels.pending}
+
+    @property
+    def nbytes(self) -> int:
+        return self.events.nbytes + self.labels.nbytes
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Every pending row of both sides as flat arrays (what a checkpoint stores)."""
+        return {f"{side}.{name}": array for side in ("events", "labels")
+                for name, array in getattr(self, side).snapshot().items()}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, np.ndarray], n_features: int, ttl_s: float, max_pending: int) -> JoinState:
+        state = cls(n_features, ttl_s, max_pending)
+        for side in ("events", "labels"):
+            rows = {name.split(".", 1)[1]: a for name, a in snapshot.items() if name.startswith(side + ".")}
+            if len(rows.get("key", ())):
+                getattr(state, side).add(rows)
+                state._last_t = max(state._last_t, float(rows["t"][-1]))
+        return state
