@@ -94,9 +94,10 @@ def test_a_replica_killed_mid_swap_is_replaced_without_a_version_going_back(kafk
     # Only requests that reached the killed replica may fail, at most one per client (each has one
     # in flight), all within moments of the death: held by it when it died, or sent to it over a
     # kept-alive connection before HAProxy saw it go (Ray's HAProxy retries connect failures only;
-    # measured: 2 failed, sent 20 ms after the kill). HAProxy sends the rest to the live replica.
+    # measured: 2 failed, sent 20 ms after the kill; 2 s leaves room for a loaded machine).
+    # HAProxy sends the rest to the live replica.
     assert len(failed) <= CLIENTS, failed[:8]
-    assert all(sent <= killed_at + 0.5 and received >= killed_at - 0.5 for sent, received, *_ in failed), failed
+    assert all(sent <= killed_at + 2.0 and received >= killed_at - 0.5 for sent, received, *_ in failed), failed
     _assert_one_version_at_a_time(results, cfg)
     killed_pid = int(mark(cfg).read_text().split()[-1])
     assert len(alive) == 2 and killed_pid not in alive, f"replica {killed_pid} was not replaced: {alive}"
