@@ -40,6 +40,12 @@ LANES = 2  # read tasks (Kafka consumers) in the Dataset; each reads whole parti
 DECODERS = 2  # decode actors: JSON parsing is the stage's CPU cost
 LOOKAHEAD = 3
 POLL_S = 0.005  # how long a rank waits for a slice before the next completion count
+# No slice at all for this long while a window is incomplete: the pipeline stalled. The group
+# fails, and Ray Train restarts it from the last checkpoint (exactly once either way), where
+# waiting on would stop learning for good: a fresh-clone CI run saw a warm group's Dataset
+# deliver its first slices and then nothing for 14 minutes. Far above a broker outage's wait
+# (the lanes read again when the broker is back) and any slice's latency (~0.5 s on two cores).
+STALL_S = 120.0
 _END = object()
 
 
@@ -115,13 +121,21 @@ class RayDataStream:
         """This rank's slices of `window`, once all ranks together hold every one of its offsets."""
         mine = self._stash.pop(window.seq, [])
         held = sum(r["rows"] for r in mine)
+        progress = time.monotonic()
         while True:
             total = _sum_across_ranks(held) if self.world > 1 else held
             if total == window.size:
                 return mine
             if total > window.size:
                 raise IngestError(f"window {window.seq}: {total} rows arrived for {window.size} offsets")
-            for row in self._take(POLL_S if self.world > 1 else 1.0):
+            if time.monotonic() - progress > STALL_S:
+                raise IngestError(f"window {window.seq}: {total} of its {window.size} rows arrived and no slice "
+                                  f"came for {STALL_S:.0f} s; the Ray Data pipeline stalled (the group restarts "
+                                  "from its last checkpoint)")
+            rows = self._take(POLL_S if self.world > 1 else 1.0)
+            if rows:
+                progress = time.monotonic()
+            for row in rows:
                 if row["window"] == window.seq:
                     mine.append(row)
                     held += row["rows"]
