@@ -75,15 +75,15 @@ def point(name: str) -> None:
     if not _armed:
         return
     for fault in _armed:
-        if fault["point"] != name:
+        if fault["point"] != name or fault.get("spent"):
             continue
         fault["seen"] += 1
         if fault["seen"] == fault["nth"]:
             fault["mark"].parent.mkdir(parents=True, exist_ok=True)
             try:
-                with open(fault["mark"], "x") as mark:  # another process fired it first: once only
+                with open(fault["mark"], "x") as mark:
                     mark.write(f"{name} pid {os.getpid()}")
-            except FileExistsError:
-                fault["seen"] = -1 << 60
+            except FileExistsError:  # another process fired it first: once per lineage
+                fault["spent"] = True
                 continue
             os.kill(os.getpid(), signal.SIGKILL)

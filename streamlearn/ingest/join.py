@@ -77,9 +77,9 @@ class Side:
     """One side of the join: rows in arrival order, a FIFO for expiry, a sorted index for lookups."""
 
     def __init__(self, columns: dict[str, tuple[np.dtype, tuple[int, ...]]], ttl_s: float, max_pending: int):
-        self.spec = {"key": (np.dtype(np.uint64), ()), "t": (np.dtype(np.float64), ()), **columns}
+        spec = {"key": (np.dtype(np.uint64), ()), "t": (np.dtype(np.float64), ()), **columns}
         self.ttl_s, self.max_pending = ttl_s, max_pending
-        self.cols = {name: np.empty((0, *shape), dtype) for name, (dtype, shape) in self.spec.items()}
+        self.cols = {name: np.empty((0, *shape), dtype) for name, (dtype, shape) in spec.items()}
         self.alive = np.empty(0, dtype=bool)
         self.base = 0  # global row number of cols[...][0]
         self.n = 0  # rows used (alive or not) from base
@@ -148,11 +148,8 @@ class Side:
                 continue
             at = np.searchsorted(sorted_keys, keys)
             at[at == len(sorted_keys)] = 0
-            hit = sorted_keys[at] == keys
             candidate = sorted_rows[at]
-            local = candidate - self.base
-            ok = hit & (local >= self.head) & (local < self.n)
-            ok[ok] &= self.alive[local[ok]]
+            ok = (sorted_keys[at] == keys) & self._pending(candidate)
             rows[ok] = candidate[ok]
         return rows, rows >= 0
 
@@ -184,7 +181,7 @@ class Side:
             self._compact(force=True)  # room enough once what is gone is dropped
             if self.n + count <= len(self.alive):
                 return
-        need = self.n + count
+        need = self.n + count  # again: a compaction moved n
         size = max(need, int(len(self.alive) * GROWTH), 1024)
         for name, col in self.cols.items():
             grown = np.empty((size, *col.shape[1:]), col.dtype)
@@ -233,10 +230,15 @@ class Side:
 
     def _pending_only(self, index: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         keys, rows = index
+        ok = self._pending(rows)
+        return keys[ok], rows[ok]
+
+    def _pending(self, rows: np.ndarray) -> np.ndarray:
+        """Which global rows still wait (index entries of rows gone or moved are stale)."""
         local = rows - self.base
         ok = (local >= self.head) & (local < self.n)
         ok[ok] &= self.alive[local[ok]]
-        return keys[ok], rows[ok]
+        return ok
 
 
 @dataclass
