@@ -29,6 +29,7 @@ import pyarrow as pa
 import ray
 
 from streamlearn.config import KafkaSettings
+from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.reader import RangeReader
 from streamlearn.ingest.stream import featurize
 from streamlearn.ingest.windows import Window
@@ -39,6 +40,9 @@ from streamlearn.pipeline import Pipeline
 LANE_CPUS = 0.1
 DECODE_CPUS = 0.25
 KEEP_WINDOWS = 8  # recent windows the feed keeps; a lane is at most the lookahead (3) behind it
+# A lane that has waited this long on Kafka asks whether its group still lives before waiting
+# on: a lane of a group that is gone (failed, resized away) ends instead of reading for minutes.
+LANE_FETCH_TIMEOUT_S = 20.0
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
@@ -48,6 +52,7 @@ class WindowFeed:
     def __init__(self):
         self._windows: dict[int, Window] = {}
         self._changed = asyncio.Condition()
+        self._asks: dict[int, tuple[int | None, float]] = {}  # lane -> (the seq it asked after, when)
 
     async def put(self, window: Window) -> None:
         async with self._changed:
@@ -56,8 +61,10 @@ class WindowFeed:
                 del self._windows[seq]
             self._changed.notify_all()
 
-    async def next(self, after: int | None, timeout_s: float = 1.0) -> Window | None:
+    async def next(self, after: int | None, timeout_s: float = 1.0, lane: int = -1) -> Window | None:
         """The window after seq `after` (the first one fed, for None); None if none came in time."""
+        self._asks[lane] = (after, time.time())
+
         def ready() -> Window | None:
             if after is None:
                 return self._windows[min(self._windows)] if self._windows else None
@@ -70,22 +77,38 @@ class WindowFeed:
                 return None
             return ready()
 
+    async def state(self) -> dict:
+        """What a stalled group reports: the windows held, and where each lane last asked and when
+        (a lane that stopped asking is stuck in a read or held back by Ray Data; one asking for
+        a window the feed no longer holds fell behind it)."""
+        now = time.time()
+        return {"windows": sorted(self._windows),
+                "lanes": {lane: {"after": after, "asked_s_ago": round(now - t, 1)}
+                          for lane, (after, t) in sorted(self._asks.items())}}
 
-def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int):
+
+def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int,
+              fetch_timeout_s: float = LANE_FETCH_TIMEOUT_S):
     """One lane, for the life of the Dataset: a generator of one-row Arrow tables, one per window
-    slice that has events. It ends after the window that stops the run."""
-    reader = RangeReader(settings, topic, group_id)
+    slice that has events. It ends after the window that stops the run, or once its group is
+    gone (the feed, owned by the group's rank 0, dies with it)."""
+    reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
     seq = None
     try:
         while True:
-            window = ray.get(feed.next.remote(seq))
+            try:
+                window = ray.get(feed.next.remote(seq, lane=lane))
+            except ray.exceptions.RayActorError:
+                return
             if window is None:
                 continue
             seq = window.seq
             ranges = window.slice_for(lane, lanes)  # the planner plans for `lanes` readers
             if ranges:
                 started = time.perf_counter()
-                messages = reader.read_raw(ranges)
+                messages = _read(reader, ranges, feed)
+                if messages is None:
+                    return
                 yield pa.table({
                     "window": [seq], "lane": [lane],
                     "partition": pa.array([[m.partition() for m in messages]], pa.list_(pa.int32())),
@@ -97,6 +120,19 @@ def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: in
                 return
     finally:
         reader.close()
+
+
+def _read(reader: RangeReader, ranges: dict[int, tuple[int, int]], feed) -> list | None:
+    """The slice's messages, waiting through broker outages while the group lives; None once it is gone."""
+    while True:
+        try:
+            return reader.read_raw(ranges)
+        except KafkaUnavailable:
+            try:
+                ray.get(feed.state.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return None
+            # The group lives: read the slice again (the reader seeks back to its start).
 
 
 class KafkaWindows(ray.data.Datasource):

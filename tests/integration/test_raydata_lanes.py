@@ -1,0 +1,44 @@
+"""A Ray Data read lane lives exactly as long as its group: it ends when the group's window feed
+is gone, whether it was waiting for the next window or for events that never come (a stopped
+broker, offsets not yet written). Before, a lane of a finished test's group kept reading a
+stopped broker for minutes beside the next test's Dataset (the CI stall in DECISIONS §1)."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from streamlearn.ingest.raydata_source import WindowFeed, read_lane
+from streamlearn.ingest.windows import Window
+
+
+@ray.remote(num_cpus=0.1)
+def _lane(settings, topic, feed, fetch_timeout_s) -> int:
+    return sum(1 for _ in read_lane(settings, topic, "lanes-test", feed, 0, 1, fetch_timeout_s=fetch_timeout_s))
+
+
+def _ends_soon(ref, within_s: float) -> int:
+    ready, _ = ray.wait([ref], timeout=within_s)
+    assert ready, f"the lane still ran {within_s:.0f} s after its feed was gone"
+    return ray.get(ref)
+
+
+def test_a_lane_waiting_for_its_next_window_ends_with_its_feed(kafka_settings, ray_cluster, topic):
+    feed = WindowFeed.remote()
+    lane = _lane.remote(kafka_settings, topic, feed, 2.0)
+    time.sleep(3)  # the lane is asking for a window no one feeds
+    assert ray.get(feed.state.remote())["lanes"][0]["after"] is None
+    ray.kill(feed)
+    assert _ends_soon(lane, 30) == 0
+
+
+def test_a_lane_waiting_on_kafka_ends_with_its_feed(kafka_settings, ray_cluster, topic):
+    feed = WindowFeed.remote()
+    ray.get(feed.put.remote(Window(seq=1, ranges={0: (0, 10)})))  # ten events that are never written
+    lane = _lane.remote(kafka_settings, topic, feed, 2.0)
+    time.sleep(5)  # past one fetch timeout: the lane found its feed alive and reads on
+    ready, _ = ray.wait([lane], timeout=0)
+    assert not ready, "a lane gave up on a window while its group lived"
+    ray.kill(feed)
+    assert _ends_soon(lane, 30) == 0
