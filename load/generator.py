@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from load.labels import LABELS_SUFFIX, LabelPlan, LabelQueue
 from load.profiles import Constant, Profile
 from pipelines.banking import CHANNELS, COUNTRIES, CURRENCIES, MERCHANT_CATEGORIES
 from streamlearn.errors import ConfigError, KafkaUnavailable
@@ -174,8 +175,9 @@ class BankingSimulator:
         return [dict(zip(_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
-def encode_batch(events: list[dict[str, Any]]) -> list[bytes]:
-    """Compact JSON, ~4x faster than json.dumps.
+def encode_batch(events: list[dict[str, Any]], with_label: bool = True) -> list[bytes]:
+    """Compact JSON, ~4x faster than json.dumps; without `is_fraud` when its label comes later
+    (load/labels.py).
 
     Only for events shaped like BankingSimulator's: its strings never need JSON escaping.
     """
@@ -183,7 +185,8 @@ def encode_batch(events: list[dict[str, Any]]) -> list[bytes]:
              f'"amount":{e["amount"]!r},"currency":"{e["currency"]}","merchant_category":"{e["merchant_category"]}",'
              f'"merchant_country":"{e["merchant_country"]}","channel":"{e["channel"]}",'
              f'"card_present":{_BOOL[e["card_present"]]},"customer_age":{e["customer_age"]},'
-             f'"account_tenure_days":{e["account_tenure_days"]},"is_fraud":{_BOOL[e["is_fraud"]]}}}').encode()
+             f'"account_tenure_days":{e["account_tenure_days"]}'
+             + (f',"is_fraud":{_BOOL[e["is_fraud"]]}}}' if with_label else '}')).encode()
             for e in events]
 
 
@@ -361,10 +364,12 @@ def _status(sent: int, bad: int, elapsed: float, current: float) -> Text:
 def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | None = None,
              count: int | None = None, duration: float | None = None, bad_fraction: float = 0.0, seed: int = 0,
              drift_at: int | None = None, progress: bool = False,
-             producer_config: dict[str, Any] | None = None) -> dict[str, Any]:
+             producer_config: dict[str, Any] | None = None, labels: LabelPlan | None = None) -> dict[str, Any]:
     """Produce simulated events (a `bad_fraction` of them malformed) until `count` or `duration`.
 
     Every message is keyed by its customer id and sent to partition_for(key, partitions).
+    With `labels`, events go without their label and the labels follow on `<topic>.labels`
+    (load/labels.py); run_load returns once the last label due has gone.
     Nothing is dropped: a full local queue is drained and retried; any message Kafka did
     not acknowledge by the end raises KafkaUnavailable.
     """
@@ -384,9 +389,19 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
               "bootstrap.servers": bootstrap, "on_delivery": on_delivery}
     producer = Producer(config)
     _check_topic(producer, bootstrap, topic, partitions)
+    labels_topic = topic + LABELS_SUFFIX
+    label_queue = LabelQueue(labels, seed) if labels else None
+    if label_queue is not None:
+        _check_topic(producer, bootstrap, labels_topic, partitions)
+
+    def send_due_labels(now: float) -> int:
+        due = label_queue.due(now) if label_queue is not None else []
+        for value, key, partition in due:
+            _produce(producer, labels_topic, value, key, partition, failures)
+        return len(due)
 
     sim, pacer, bad_rng = BankingSimulator(seed, drift_at=drift_at), _Pacer(profile), random.Random(seed)
-    sent = bad = 0
+    sent = bad = labels_sent = 0
     by_reason: dict[str, int] = {}
     per_partition = [0] * partitions
     start = time.monotonic()
@@ -397,6 +412,7 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             now = time.monotonic()
             if duration is not None and now - start >= duration:
                 break
+            labels_sent += send_due_labels(now)
             n = pacer.take(now - start)
             if count is not None:
                 n = min(n, count - sent)
@@ -404,22 +420,34 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
                 producer.poll(pacer.wait_s(now - start))  # sleeps, serving delivery reports meanwhile
                 continue
             events = sim.events(n)
-            for event, value in zip(events, encode_batch(events), strict=True):
+            labelled: tuple[list, list, list] = ([], [], [])  # the valid events sent: their labels follow
+            for event, value in zip(events, encode_batch(events, with_label=label_queue is None), strict=True):
                 key = event["customer_id"].encode()
+                partition = partition_for(key, partitions)
                 if int((sent + 1) * bad_fraction) > int(sent * bad_fraction):  # evenly spread, exact share
                     value, code = malformed_message(bad_rng, bad)
                     bad += 1
                     by_reason[code] = by_reason.get(code, 0) + 1
-                partition = partition_for(key, partitions)
+                elif label_queue is not None:
+                    for column, item in zip(labelled, (event, key, partition), strict=True):
+                        column.append(item)
                 _produce(producer, topic, value, key, partition, failures)
                 per_partition[partition] += 1
                 sent += 1
+            if label_queue is not None:
+                label_queue.add(*labelled, sent_at=now)
             producer.poll(0)
             if failures:
                 raise KafkaUnavailable(f"Kafka at {bootstrap} did not take events: {failures[0]}")
             if progress and now - shown_at >= 0.25:
                 current, shown_at, shown_sent = (sent - shown_sent) / (now - shown_at), now, sent
                 live.update(_status(sent, bad, now - start, current))
+        while label_queue is not None and len(label_queue):  # the events are out; their labels keep their delays
+            labels_sent += send_due_labels(time.monotonic())
+            wait = label_queue.next_due() - time.monotonic() if len(label_queue) else 0.0
+            producer.poll(min(max(wait, 0.0), _SLICE_S * 10))
+            if failures:
+                raise KafkaUnavailable(f"Kafka at {bootstrap} did not take labels: {failures[0]}")
         unsent = producer.flush(float(config["delivery.timeout.ms"]) / 1000 + 5)
         if progress:
             live.update(_status(sent, bad, time.monotonic() - start, current))
@@ -429,4 +457,7 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
     seconds = time.monotonic() - start
     return {"events": sent, "valid": sent - bad, "bad": bad, "bad_by_reason": by_reason,
             "per_partition": dict(enumerate(per_partition)), "seconds": seconds,
-            "events_per_s": sent / seconds if seconds > 0 else 0.0, "topic": topic}
+            "events_per_s": sent / seconds if seconds > 0 else 0.0, "topic": topic,
+            **({"labels": {"topic": labels_topic, "sent": labels_sent, "unlabelled": label_queue.unlabelled,
+                           "delay": str(labels.delay), "unlabelled_fraction": labels.unlabelled_fraction}}
+               if label_queue is not None else {})}

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.errors import StreamlearnError
+from streamlearn.errors import ConfigError, StreamlearnError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Continuous training from Kafka on Ray.")
@@ -88,19 +88,29 @@ def load(bootstrap: str | None = BOOTSTRAP,
          duration: float | None = typer.Option(None, help="Stop after this many seconds."),
          bad_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Fraction of malformed messages."),
          drift_at: int | None = typer.Option(None, help="Event number where the fraud pattern changes."),
+         label_delay: str | None = typer.Option(None, help="Send events without is_fraud and each label later on "
+                                                           "<topic>.labels after fixed:S | uniform:MIN:MAX | exp:MEAN "
+                                                           "seconds. Default: the label is in the event."),
+         unlabelled_fraction: float = typer.Option(0.0, min=0.0, max=1.0,
+                                                   help="With --label-delay: share of events never labelled."),
          seed: int = 0,
          quiet: bool = typer.Option(False, help="No live progress line.")):
     """The load generator: simulated customers producing banking events; prints a JSON summary."""
     from load.generator import run_load
+    from load.labels import LABELS_SUFFIX, LabelPlan, parse_label_delay
     from load.profiles import parse_profile
     from streamlearn.kafka.admin import ensure_topics
 
     settings = _kafka(bootstrap)
     chosen = parse_profile(profile) if profile else (parse_profile(f"constant:{rate}") if rate else None)
-    ensure_topics(settings, {topic: partitions, f"{topic}.dlq": 1})
+    if unlabelled_fraction and label_delay is None:
+        raise ConfigError("--unlabelled-fraction needs --label-delay: inline labels are always there")
+    labels = LabelPlan(parse_label_delay(label_delay), unlabelled_fraction) if label_delay is not None else None
+    ensure_topics(settings, {topic: partitions, f"{topic}.dlq": 1,
+                             **({topic + LABELS_SUFFIX: partitions} if labels else {})})
     summary = run_load(settings.bootstrap, topic, partitions=partitions, profile=chosen, count=count,
                        duration=duration, bad_fraction=bad_fraction, seed=seed, drift_at=drift_at,
-                       progress=not quiet, producer_config=settings.confluent())
+                       progress=not quiet, producer_config=settings.confluent(), labels=labels)
     _print_json(summary)
 
 

@@ -39,3 +39,40 @@ def test_second_broker_on_a_taken_port_fails_with_a_clear_error(kafka, tmp_path)
 
     with pytest.raises(BrokerStartError, match=f"port {kafka.port} is taken"):
         EmbeddedKafka(port=kafka.port, data_dir=tmp_path).start()
+
+
+def test_delayed_labels_follow_their_events_in_the_same_partition(kafka, kafka_settings, topic):
+    import json
+
+    from load.labels import LabelPlan, parse_label_delay
+    from streamlearn.ingest.reader import RangeReader
+    from streamlearn.kafka.admin import ensure_topics
+
+    ensure_topics(kafka_settings, {f"{topic}.labels": 4})
+    plan = LabelPlan(parse_label_delay("uniform:0.5:1.5"), unlabelled_fraction=0.2)
+    summary = run_load(kafka.bootstrap, topic, partitions=4, count=4_000, bad_fraction=0.01, seed=9, labels=plan)
+
+    def read(name):  # (partition, broker timestamp ms, value) of every message
+        reader = RangeReader(kafka_settings, name, "test-labels", fetch_timeout_s=30)
+        try:
+            marks = reader.watermarks(reader.partitions())
+            return [(m.partition(), m.timestamp()[1], m.value())
+                    for m in reader.read_raw({p: (lo, hi) for p, (lo, hi) in marks.items() if hi > lo})]
+        finally:
+            reader.close()
+
+    events = {}
+    for partition, t, value in read(topic):
+        if value.startswith(b'{"event_id":"9-'):  # valid events (malformed ones are not all JSON)
+            events[json.loads(value)["event_id"]] = (partition, t, json.loads(value))
+    labels = [(partition, t, json.loads(value)) for partition, t, value in read(f"{topic}.labels")]
+    assert len(events) == summary["valid"] == 3_960 and len(labels) == summary["labels"]["sent"]
+    assert len(labels) + summary["labels"]["unlabelled"] == summary["valid"]
+    assert 0.16 < summary["labels"]["unlabelled"] / summary["valid"] < 0.24
+    assert all("is_fraud" not in event for _, _, event in events.values())
+    assert len({label["event_id"] for _, _, label in labels}) == len(labels)
+    for partition, t, label in labels:
+        event_partition, event_t, event = events[label["event_id"]]
+        assert partition == event_partition  # a rank reading partition p of both topics holds both halves
+        assert t - event_t >= 450  # sent no sooner than its delay (0.5 s at least) after its event
+        assert 500 <= label["label_time"] - event["event_time"] <= 1500

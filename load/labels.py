@@ -1,0 +1,117 @@
+"""Delayed labels for the load generator (issue 16): events without their answer, the answer later.
+
+A fraud label comes from a chargeback or an analyst long after the transaction, and many never
+come. With a `LabelPlan`, run_load sends each event without its `is_fraud` field and, after a
+delay drawn from the plan's distribution, its label to `<topic>.labels`:
+
+    {"event_id": "41-1234", "label": true, "label_time": 1700000012345}
+
+keyed and partitioned like its event (the same customer id, so partition p of the labels topic
+carries exactly the labels of partition p's events: a trainer rank that reads an event partition
+finds its labels in the same partition number). `unlabelled_fraction` of the events never get
+one. Malformed events get none either: they are dead-lettered, never learned. Delays are drawn
+from the run's seed (the same run labels the same events after the same delays) and are wall
+clock: a label for an event produced at t goes at t + delay; `label_time` is the event's own
+time plus the same delay.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamlearn.errors import ConfigError
+
+LABELS_SUFFIX = ".labels"
+_BOOL = ("false", "true")
+
+
+@dataclass(frozen=True)
+class LabelDelay:
+    """Seconds from an event to its label: `fixed:S`, `uniform:A:B` or `exp:MEAN` (exponential)."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, self.a)
+        if self.kind == "uniform":
+            return rng.uniform(self.a, self.b, n)
+        return rng.exponential(self.a, n)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind == "uniform" else "")
+
+
+def parse_label_delay(spec: str) -> LabelDelay:
+    """`fixed:2`, `uniform:1:30` or `exp:5` -> LabelDelay; a clear ConfigError for anything else."""
+    usage = "a label delay is fixed:SECONDS, uniform:MIN:MAX or exp:MEAN_SECONDS (e.g. exp:5)"
+    kind, *args = spec.strip().split(":")
+    try:
+        values = [float(a) for a in args]
+    except ValueError:
+        raise ConfigError(f"label delay {spec!r}: {usage}") from None
+    shapes = {"fixed": 1, "uniform": 2, "exp": 1}
+    if kind not in shapes or len(values) != shapes[kind]:
+        raise ConfigError(f"label delay {spec!r}: {usage}")
+    if any(v < 0 or not np.isfinite(v) for v in values) or (kind == "uniform" and values[0] > values[1]):
+        raise ConfigError(f"label delay {spec!r}: seconds are finite and >= 0, and MIN <= MAX")
+    return LabelDelay(kind, *values)
+
+
+@dataclass(frozen=True)
+class LabelPlan:
+    delay: LabelDelay
+    unlabelled_fraction: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.unlabelled_fraction <= 1.0:
+            raise ConfigError(f"unlabelled_fraction is a share of events in [0, 1], got {self.unlabelled_fraction}")
+
+
+def encode_label(event_id: str, label: bool, label_time: int) -> bytes:
+    return f'{{"event_id":"{event_id}","label":{_BOOL[label]},"label_time":{label_time}}}'.encode()
+
+
+class LabelQueue:
+    """Labels waiting for their time, soonest first."""
+
+    def __init__(self, plan: LabelPlan, seed: int):
+        self.plan = plan
+        self._rng = np.random.default_rng([seed, 0x1ABE1])  # apart from the simulator's own draws
+        self._heap: list[tuple[float, int, bytes, bytes, int]] = []
+        self._order = 0  # ties in due time leave in the order their events went
+        self.unlabelled = 0
+
+    def add(self, events: list[dict], keys: list[bytes], partitions: list[int], sent_at: float) -> None:
+        """Events just sent (valid ones only): each gets its label due at `sent_at` + its delay,
+        or none (the unlabelled share)."""
+        n = len(events)
+        delays = self.plan.delay.draw(self._rng, n)
+        never = self._rng.random(n) < self.plan.unlabelled_fraction
+        self.unlabelled += int(never.sum())
+        for event, key, partition, delay, skip in zip(events, keys, partitions, delays.tolist(), never.tolist(),
+                                                      strict=True):
+            if skip:
+                continue
+            value = encode_label(event["event_id"], event["is_fraud"], event["event_time"] + round(delay * 1000))
+            heapq.heappush(self._heap, (sent_at + delay, self._order, value, key, partition))
+            self._order += 1
+
+    def due(self, now: float) -> list[tuple[bytes, bytes, int]]:
+        """(value, key, partition) of every label due by `now`, in due order."""
+        out = []
+        while self._heap and self._heap[0][0] <= now:
+            _, _, value, key, partition = heapq.heappop(self._heap)
+            out.append((value, key, partition))
+        return out
+
+    def next_due(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)

@@ -1,0 +1,111 @@
+"""Delayed labels in the load generator: the delay spec, the queue, and what run_load sends."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from load import generator
+from load.generator import BankingSimulator, encode_batch, partition_for, run_load
+from load.labels import LabelDelay, LabelPlan, LabelQueue, parse_label_delay
+from streamlearn.errors import ConfigError
+
+from .test_generator import stub  # noqa: F401 -- the recording producer fixture
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("fixed:2", LabelDelay("fixed", 2.0)), ("uniform:1:30", LabelDelay("uniform", 1.0, 30.0)),
+    ("exp:5", LabelDelay("exp", 5.0)), (" exp:0.5 ", LabelDelay("exp", 0.5)),
+])
+def test_label_delay_specs_parse(spec, expected):
+    assert parse_label_delay(spec) == expected
+    assert parse_label_delay(str(expected)) == expected  # the summary's spelling parses back
+
+
+@pytest.mark.parametrize("spec", ["", "exp", "exp:", "exp:x", "exp:1:2", "uniform:5:1", "fixed:-1", "gauss:1",
+                                  "fixed:inf"])
+def test_bad_label_delay_specs_say_what_is_accepted(spec):
+    with pytest.raises(ConfigError, match="label delay"):
+        parse_label_delay(spec)
+
+
+def test_unlabelled_fraction_outside_zero_to_one_is_refused():
+    with pytest.raises(ConfigError, match="unlabelled_fraction"):
+        LabelPlan(LabelDelay("fixed", 1.0), unlabelled_fraction=1.5)
+
+
+def _queue(plan: LabelPlan, n: int = 10_000, seed: int = 7) -> tuple[LabelQueue, list[dict]]:
+    events = BankingSimulator(seed).events(n)
+    keys = [e["customer_id"].encode() for e in events]
+    queue = LabelQueue(plan, seed)
+    queue.add(events, keys, [partition_for(k, 4) for k in keys], sent_at=100.0)
+    return queue, events
+
+
+def test_labels_leave_when_due_soonest_first_with_the_events_answer():
+    queue, events = _queue(LabelPlan(parse_label_delay("uniform:1:5")))
+    assert len(queue) == len(events) and queue.next_due() >= 101.0
+    assert queue.due(100.99) == []
+    early = queue.due(103.0)
+    late = queue.due(105.0)
+    assert 0 < len(early) < len(events) and len(early) + len(late) == len(events) and len(queue) == 0
+    truth = {e["event_id"]: e for e in events}
+    for value, key, partition in early + late:
+        label = json.loads(value)
+        event = truth[label["event_id"]]
+        assert label["label"] == event["is_fraud"] and key == event["customer_id"].encode()
+        assert partition == partition_for(key, 4)  # a label lands in its event's partition number
+        assert 1000 <= label["label_time"] - event["event_time"] <= 5000
+
+
+def test_the_unlabelled_share_never_gets_a_label_and_the_draws_repeat_per_seed():
+    queue, events = _queue(LabelPlan(parse_label_delay("exp:2"), unlabelled_fraction=0.3))
+    assert len(queue) + queue.unlabelled == len(events)
+    assert 0.28 < queue.unlabelled / len(events) < 0.32
+    again, _ = _queue(LabelPlan(parse_label_delay("exp:2"), unlabelled_fraction=0.3))
+    assert queue.due(1e9) == again.due(1e9)
+
+
+def test_events_sent_without_their_label_are_otherwise_the_same_json():
+    events = BankingSimulator(3).events(50)
+    for e, with_label, without in zip(events, encode_batch(events), encode_batch(events, with_label=False),
+                                      strict=True):
+        full, bare = json.loads(with_label), json.loads(without)
+        assert "is_fraud" not in bare and full.pop("is_fraud") == e["is_fraud"] and full == bare
+
+
+def test_run_load_sends_each_valid_events_label_after_it_and_none_for_bad_events(stub, monkeypatch):  # noqa: F811
+    topics: list[str] = []
+    record = generator._produce
+
+    def produce(producer, topic, value, key, partition, failures):
+        topics.append(topic)
+        record(producer, topic, value, key, partition, failures)
+
+    monkeypatch.setattr(generator, "_produce", produce)
+    plan = LabelPlan(parse_label_delay("fixed:0.2"), unlabelled_fraction=0.1)
+    summary = run_load("localhost:1", "tx", partitions=4, count=3000, bad_fraction=0.02, seed=5, labels=plan)
+    sent = list(zip(topics, stub[0].sent, strict=True))
+    events = [value for topic, (_, value, _) in sent if topic == "tx"]
+    labels = [json.loads(value) for topic, (_, value, _) in sent if topic == "tx.labels"]
+    assert topics.index("tx.labels") > 0 and len(events) == summary["events"] == 3000 and summary["bad"] == 60
+    assert summary["labels"] == {"topic": "tx.labels", "sent": len(labels), "delay": "fixed:0.2",
+                                 "unlabelled": summary["valid"] - len(labels), "unlabelled_fraction": 0.1}
+    assert 0.07 < summary["labels"]["unlabelled"] / summary["valid"] < 0.13
+    valid = [json.loads(v) for v in events if v.startswith(b'{"event_id":"5-')]
+    assert len(valid) == summary["valid"] and all("is_fraud" not in e for e in valid)
+    ids = {e["event_id"] for e in valid}
+    assert {lab["event_id"] for lab in labels} <= ids and len({lab["event_id"] for lab in labels}) == len(labels)
+
+
+def test_delays_follow_the_distribution():
+    rng = np.random.default_rng(0)
+    assert abs(LabelDelay("exp", 4.0).draw(rng, 200_000).mean() - 4.0) < 0.05
+    drawn = LabelDelay("uniform", 1.0, 3.0).draw(rng, 10_000)
+    assert drawn.min() >= 1.0 and drawn.max() <= 3.0
+
+
+def test_the_generator_module_exposes_the_label_plan_to_callers():
+    assert generator.LabelPlan is LabelPlan  # run_load(labels=LabelPlan(...)) from one import
