@@ -36,6 +36,20 @@ TRANSACTION = Schema(
 )
 
 
+# With delayed labels (load/labels.py) a transaction comes without is_fraud, and its label later.
+UNLABELLED_TRANSACTION = Schema(name="banking_transaction_unlabelled",
+                                fields=tuple(f for f in TRANSACTION.fields if f.name != "is_fraud"))
+LABEL = Schema(
+    name="banking_label",
+    fields=(
+        Field("event_id", "str", max_len=64),
+        Field("label", "bool"),
+        Field("label_time", "int", min=0, max=4_102_444_800_000),
+    ),
+    max_bytes=160,  # join.LABEL_BYTES: a waiting label is kept whole for its dead letter
+)
+
+
 def one_hot(values: list[str], vocabulary: tuple[str, ...]) -> np.ndarray:
     index = {v: i for i, v in enumerate(vocabulary)}
     out = np.zeros((len(values), len(vocabulary)), dtype=np.float32)

@@ -10,16 +10,42 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from streamlearn.errors import PipelineError
+from streamlearn.errors import ConfigError, PipelineError
 from streamlearn.schema import Schema
 
 Task = Literal["classification", "regression"]
+
+
+@dataclass(frozen=True)
+class JoinedLabels:
+    """A target that comes later, on a topic of its own (`<topic><suffix>`): one label message
+    per event, joined to its event by `key` in the trainer (streamlearn/ingest/labelled.py).
+    Either half waits for the other at most `ttl_s` (by the messages' Kafka timestamps), and at
+    most `max_pending` rows per side wait across the run's partitions; what leaves unjoined is
+    counted (events) or dead-lettered with its reason (labels)."""
+
+    schema: Schema  # of one label message
+    key: str = "event_id"  # the field an event and its label share
+    label: str = "label"  # the label message's field the model learns
+    suffix: str = ".labels"
+    ttl_s: float = 7 * 86_400.0
+    max_pending: int = 1_000_000
+
+    def __post_init__(self):
+        fields = {f.name for f in self.schema.fields}
+        if not {self.key, self.label} <= fields:
+            raise ConfigError(f"label schema {self.schema.name!r} needs the fields {self.key!r} and {self.label!r}; "
+                              f"it has {sorted(fields)}")
+        if self.ttl_s <= 0 or self.max_pending < 1:
+            raise ConfigError(f"joined labels need ttl_s > 0 and max_pending >= 1, "
+                              f"got {self.ttl_s} and {self.max_pending}")
 
 
 class Pipeline(ABC):
@@ -28,6 +54,9 @@ class Pipeline(ABC):
     task: ClassVar[Task]
     schema: ClassVar[Schema]
     learning_rate: ClassVar[float] = 1e-3
+    # None: each event carries its own target (`targets`). JoinedLabels: the target comes later
+    # on its own topic and `label_targets` reads it from the label messages.
+    labels: ClassVar[JoinedLabels | None] = None
 
     @abstractmethod
     def features(self, events: list[dict[str, Any]]) -> np.ndarray:
@@ -36,6 +65,11 @@ class Pipeline(ABC):
     @abstractmethod
     def targets(self, events: list[dict[str, Any]]) -> np.ndarray:
         """Validated events -> float32 array of shape (n,): the label the model learns."""
+
+    def label_targets(self, labels: list[dict[str, Any]]) -> np.ndarray:
+        """Validated label messages -> float32 targets (pipelines with JoinedLabels only)."""
+        name = self.labels.label if self.labels else "label"
+        return np.fromiter((float(m[name]) for m in labels), dtype=np.float32, count=len(labels))
 
     @abstractmethod
     def build_model(self) -> nn.Module:
@@ -56,7 +90,8 @@ class Pipeline(ABC):
         return torch.optim.Adam(params, lr=self.learning_rate)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "task": self.task}
+        return {"name": self.name, "version": self.version, "task": self.task,
+                "labels": "inline" if self.labels is None else f"joined from <topic>{self.labels.suffix}"}
 
 
 def load_pipeline(spec: str) -> Pipeline:

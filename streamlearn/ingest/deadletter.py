@@ -73,12 +73,14 @@ class DeadLetters:
             consumer.close()
         return len(self._already)
 
-    def send(self, message: Message, reason: str) -> None:
-        key = dead_letter_key(self.source_topic, message.partition, message.offset)
+    def send(self, message: Message, reason: str, source_topic: str | None = None) -> None:
+        """`source_topic`: where the message came from, if not the stream's topic (a label)."""
+        source_topic = source_topic or self.source_topic
+        key = dead_letter_key(source_topic, message.partition, message.offset)
         self.by_reason[reason_code(reason)] += 1
         if key in self._already:
             return  # written before the crash that made us replay this window
-        headers = [("reason", reason.encode()), ("source_topic", self.source_topic.encode()),
+        headers = [("reason", reason.encode()), ("source_topic", source_topic.encode()),
                    ("source_partition", str(message.partition).encode()),
                    ("source_offset", str(message.offset).encode())]
         while True:

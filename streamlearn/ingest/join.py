@@ -243,22 +243,36 @@ class Side:
 
 @dataclass
 class Joined:
-    """Events whose labels came: what the trainer learns (features, targets, event fingerprints)."""
+    """Events whose labels came: what the trainer learns (features, targets, event fingerprints).
+    `late` holds the labels that found their event but more than the TTL after it (the event
+    counts as expired, never learned), `duplicate` the labels refused because one for the same
+    event already waits: both go to the dead-letter topic, as do the events refused because one
+    with the same id already waits (`refused_events`, their rows in the input)."""
 
     features: np.ndarray
     targets: np.ndarray
     crcs: np.ndarray
     keys: np.ndarray
+    late: dict[str, np.ndarray] = field(default_factory=dict)
+    duplicate: dict[str, np.ndarray] = field(default_factory=dict)
+    refused_events: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # input rows: id already waits
 
     @property
     def size(self) -> int:
         return len(self.targets)
 
 
+LABEL_BYTES = 160  # a label message kept for its dead letter; longer ones are refused when decoded
+
+
 @dataclass
 class JoinState:
     """Both sides of the join of `<topic>` (events) and `<topic>.labels` (labels), bounded by
-    `ttl_s` and `max_pending` rows per side."""
+    `ttl_s` and `max_pending` rows per side.
+
+    Times are whatever clock the caller keeps, per row; the trainer uses the messages' own Kafka
+    timestamps, so a replay of the same offsets makes the same decisions. An event and its
+    label join only if the label is at most `ttl_s` after the event, whichever is read first."""
 
     n_features: int
     ttl_s: float
@@ -267,42 +281,65 @@ class JoinState:
     labels: Side = field(init=False)
     expired: dict[str, int] = field(default_factory=dict)  # "events.ttl", "labels.cap", ...: counts
     duplicates: dict[str, int] = field(default_factory=lambda: {"events": 0, "labels": 0})
-    _last_t: float = float("-inf")
+    _last_t: dict[str, float] = field(default_factory=lambda: {"events": float("-inf"), "labels": float("-inf")})
 
     def __post_init__(self):
         self.events = Side({"features": (np.dtype(np.float32), (self.n_features,)), "crc": (np.dtype(np.uint32), ())},
                            self.ttl_s, self.max_pending)
         self.labels = Side({"target": (np.dtype(np.float32), ()), "partition": (np.dtype(np.int32), ()),
-                            "offset": (np.dtype(np.int64), ())}, self.ttl_s, self.max_pending)
+                            "offset": (np.dtype(np.int64), ()), "value": (np.dtype(f"S{LABEL_BYTES}"), ())},
+                           self.ttl_s, self.max_pending)
 
-    def add_events(self, keys: np.ndarray, features: np.ndarray, crcs: np.ndarray, t: float) -> Joined:
-        """Decoded events arrived at `t` (seconds, the trainer's wall clock): those whose label
-        already waits are joined now, the rest wait."""
-        t = self._arrival(t)
+    def add_events(self, keys: np.ndarray, features: np.ndarray, crcs: np.ndarray, t) -> Joined:
+        """Decoded events arrived at `t` (one time, or one per event): those whose label already
+        waits are joined now, the rest wait."""
+        t = self._arrival("events", t, len(keys))
         found, labels = self.labels.take(keys)
-        joined = Joined(features[found], labels["target"], crcs[found], keys[found])
+        on_time = labels["t"] - t[found] <= self.ttl_s
+        joined = Joined(features[found][on_time], labels["target"][on_time], crcs[found][on_time],
+                        keys[found][on_time], late=self._late(labels, ~on_time))
         rest = ~found
-        taken = self.events.add({"key": keys[rest], "t": np.full(int(rest.sum()), t), "features": features[rest],
-                                 "crc": crcs[rest]})
+        taken = self.events.add({"key": keys[rest], "t": t[rest], "features": features[rest], "crc": crcs[rest]})
         self.duplicates["events"] += int((~taken).sum())
+        joined.refused_events = np.flatnonzero(rest)[~taken]
         return joined
 
     def add_labels(self, keys: np.ndarray, targets: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
-                   t: float) -> Joined:
-        """Labels arrived at `t`: those whose event waits are joined now, the rest wait for theirs."""
-        t = self._arrival(t)
+                   t, values: np.ndarray | None = None) -> Joined:
+        """Labels arrived at `t` (one time, or one per label): those whose event waits are joined
+        now, the rest wait for theirs."""
+        t = self._arrival("labels", t, len(keys))
+        values = np.zeros(len(keys), f"S{LABEL_BYTES}") if values is None else values
         found, events = self.events.take(keys)
-        joined = Joined(events["features"], targets[found], events["crc"], keys[found])
-        rest = ~found
-        taken = self.labels.add({"key": keys[rest], "t": np.full(int(rest.sum()), t), "target": targets[rest],
-                                 "partition": partitions[rest], "offset": offsets[rest]})
+        on_time = t[found] - events["t"] <= self.ttl_s
+        hit = np.flatnonzero(found)
+        late = {"key": keys[hit[~on_time]], "t": t[hit[~on_time]], "target": targets[hit[~on_time]],
+                "partition": partitions[hit[~on_time]], "offset": offsets[hit[~on_time]],
+                "value": values[hit[~on_time]]}
+        joined = Joined(events["features"][on_time], targets[found][on_time], events["crc"][on_time],
+                        keys[found][on_time], late=self._late(late, np.ones(len(late["key"]), bool)))
+        rest = {"key": keys[~found], "t": t[~found], "target": targets[~found], "partition": partitions[~found],
+                "offset": offsets[~found], "value": values[~found]}
+        taken = self.labels.add(rest)
         self.duplicates["labels"] += int((~taken).sum())
+        joined.duplicate = {name: column[~taken] for name, column in rest.items()}
         return joined
 
-    def _arrival(self, t: float) -> float:
-        # Expiry walks each side oldest first, so arrival times must not go back (a clock step).
-        self._last_t = max(self._last_t, t)
-        return self._last_t
+    def _late(self, labels: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+        """Pairs found more than the TTL apart: the event counts as expired, the label is returned."""
+        n = int(mask.sum())
+        if n:
+            self.expired["events.late"] = self.expired.get("events.late", 0) + n
+        return {name: column[mask] for name, column in labels.items()}
+
+    def _arrival(self, side: str, t, n: int) -> np.ndarray:
+        # Expiry walks each side oldest first, so a side's arrival times must not go back (a
+        # clock step, a producer's timestamp a little behind the one before it). Per side: the
+        # labels topic may be read well ahead of the events, or behind them.
+        t = np.maximum.accumulate(np.maximum(np.broadcast_to(np.asarray(t, np.float64), (n,)), self._last_t[side]))
+        if n:
+            self._last_t[side] = float(t[-1])
+        return t
 
     def expire(self, now: float) -> dict[str, list[Expired]]:
         """Drop what waited too long or past the cap, counted; labels dropped here belong in the
@@ -333,5 +370,5 @@ class JoinState:
             rows = {name.split(".", 1)[1]: a for name, a in snapshot.items() if name.startswith(side + ".")}
             if len(rows.get("key", ())):
                 getattr(state, side).add(rows)
-                state._last_t = max(state._last_t, float(rows["t"][-1]))
+                state._last_t[side] = float(rows["t"][-1])
         return state

@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from streamlearn.config import KafkaSettings
 from streamlearn.ingest.deadletter import DeadLetters
+from streamlearn.ingest.join import LABEL_BYTES, join_keys
+from streamlearn.ingest.labelled import Events, LabelJoin, Labels
 from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
@@ -37,6 +39,13 @@ class Batch:
     crcs: np.ndarray  # crc32 of each row's bytes, added to the fingerprint once its step is taken
     bad: list[tuple[Message, str]]  # dead-lettered once this window is learned, not when read
     read_s: float = 0.0
+    # With joined labels (labelled.py): the rows are the events whose labels came in this
+    # window, whenever the events did; labels to dead-letter; events that left unlabelled;
+    # at a checkpoint window, the join state right after this window (the read of the next one
+    # may already be under way when the checkpoint is taken).
+    bad_labels: list[tuple[Message, str]] = field(default_factory=list)
+    expired: int = 0
+    join_snapshot: dict[str, np.ndarray] | None = None
 
     @property
     def size(self) -> int:
@@ -44,7 +53,7 @@ class Batch:
 
     @property
     def dead_lettered(self) -> int:
-        return len(self.bad)
+        return len(self.bad) + len(self.bad_labels)
 
 
 class WorkerStream:
@@ -55,6 +64,11 @@ class WorkerStream:
         self.reader = RangeReader(settings, topic, group_id)
         self.dead_letters = DeadLetters(settings, dlq_topic, topic)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"fetch-{rank}") if world > 1 else None
+        # Joined labels: this rank's partitions of the labels topic, and their join.
+        spec = pipeline.labels
+        self.label_topic = topic + spec.suffix if spec else None
+        self.label_reader = RangeReader(settings, self.label_topic, group_id) if spec else None
+        self.join = LabelJoin(spec, _n_features(pipeline), len(self.reader.partitions())) if spec else None
 
     lookahead = 1  # windows planned and reading beyond the one being learned
 
@@ -62,9 +76,12 @@ class WorkerStream:
     def read_lanes(self) -> int:
         return self.world  # each rank reads its own share of every window
 
-    def start(self, dlq_positions: dict[int, int]) -> None:
-        """After restore: remember the dead letters written past the checkpoint, to skip them."""
+    def start(self, dlq_positions: dict[int, int], join_state: dict[str, np.ndarray] | None = None) -> None:
+        """After restore: remember the dead letters written past the checkpoint, to skip them,
+        and take this rank's partitions' join state from the checkpoint."""
         self.dead_letters.skip_written_since(dlq_positions)
+        if self.join is not None and join_state:
+            self.join.restore(join_state, lambda p: p % self.world == self.rank)
 
     def dlq_positions(self) -> dict[int, int]:
         """At a checkpoint: where a replay's scan for already-written dead letters starts."""
@@ -82,15 +99,57 @@ class WorkerStream:
         started = time.perf_counter()
         with self.phases("fetch", window=window.seq):
             messages = self.reader.read_raw(window.slice_for(self.rank, self.world))
+            labels = self.label_reader.read_raw(window.label_slice_for(self.rank, self.world)) if self.join else []
         with self.phases("decode", window=window.seq, messages=len(messages)):
             values = [m.value() for m in messages]
             events, kept, bad = self.pipeline.schema.decode_many(values)
+            decoded = dict(zip(kept, events, strict=True))
             x, y, kept, bad = featurize(self.pipeline, events, kept, bad)
             crc32 = zlib.crc32
             crcs = np.fromiter((crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
             dead = [(Message(messages[i].partition(), messages[i].offset(), values[i]), reason)
                     for i, reason in sorted(bad)]
-        return Batch(window, x, y, crcs, dead, time.perf_counter() - started)
+        if self.join is None:
+            return Batch(window, x, y, crcs, dead, time.perf_counter() - started)
+        with self.phases("join", window=window.seq, labels=len(labels)):
+            batch = self._join(window, messages, values, [decoded[i] for i in kept], kept, x, crcs, labels, dead)
+        batch.read_s = time.perf_counter() - started
+        return batch
+
+    def _join(self, window: Window, messages: list, values: list[bytes], events: list[dict], kept: list[int],
+              x: np.ndarray, crcs: np.ndarray, label_messages: list, dead: list) -> Batch:
+        """Joined labels: this window's events wait for their labels and its labels find their
+        events (labelled.py); the batch is what joined, with the bad and unjoined labels."""
+        spec = self.pipeline.labels
+        partitions = np.fromiter((messages[i].partition() for i in kept), np.int32, len(kept))
+        t = np.fromiter((messages[i].timestamp()[1] for i in kept), np.float64, len(kept)) / 1000.0
+        keys = join_keys(e[spec.key] for e in events)
+        by_partition = {}
+        for p in np.unique(partitions).tolist():
+            rows = np.flatnonzero(partitions == p)
+            by_partition[p] = Events(keys[rows], x[rows], crcs[rows], t[rows],
+                                     [Message(p, messages[kept[i]].offset(), values[kept[i]]) for i in rows.tolist()])
+        label_values = [m.value() for m in label_messages]
+        found, lkept, lbad = spec.schema.decode_many(label_values)
+        bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), label_values[i]), reason)
+                      for i, reason in sorted(lbad)]
+        lparts = np.fromiter((label_messages[i].partition() for i in lkept), np.int32, len(lkept))
+        labels = {}
+        if lkept:
+            lkeys, targets = join_keys(m[spec.key] for m in found), self.pipeline.label_targets(found)
+            offsets = np.fromiter((label_messages[i].offset() for i in lkept), np.int64, len(lkept))
+            lt = np.fromiter((label_messages[i].timestamp()[1] for i in lkept), np.float64, len(lkept)) / 1000.0
+            raw = np.array([label_values[i] for i in lkept], dtype=f"S{LABEL_BYTES}")
+            for p in np.unique(lparts).tolist():
+                rows = np.flatnonzero(lparts == p)
+                labels[p] = Labels(lkeys[rows], targets[rows], offsets[rows], raw[rows], lt[rows])
+        out = self.join.window(by_partition, labels)
+        features = np.concatenate([x[:0], *out.features])
+        targets = np.concatenate([np.empty(0, np.float32), *out.targets])
+        crcs = np.concatenate([np.empty(0, np.uint32), *out.crcs])
+        return Batch(window, features, targets, crcs, dead + out.dead_events,
+                     bad_labels=bad_labels + out.dead_labels, expired=out.expired,
+                     join_snapshot=self.join.snapshot() if window.checkpoint else None)
 
     def dead_letter(self, batch: Batch) -> None:
         """Called in window order after the window is learned. Sending from the read-ahead
@@ -98,12 +157,16 @@ class WorkerStream:
         dead-letter positions, and a replay after a crash would then write them twice."""
         for message, reason in batch.bad:
             self.dead_letters.send(message, reason)
+        for message, reason in batch.bad_labels:
+            self.dead_letters.send(message, reason, source_topic=self.label_topic)
 
     def close(self) -> None:
         if self._pool:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self.dead_letters.close()
         self.reader.close()
+        if self.label_reader is not None:
+            self.label_reader.close()
 
 
 class Deferred:
@@ -118,10 +181,21 @@ class Deferred:
         return self._batch
 
 
+def _n_features(pipeline: Pipeline) -> int:
+    """Columns of the pipeline's feature matrix (the join state's row width)."""
+    x0, _, _, _ = featurize(pipeline, [], [], [])
+    return int(np.asarray(x0).shape[1])
+
+
+def _no_targets(events: list[dict]) -> np.ndarray:
+    return np.zeros(len(events), np.float32)
+
+
 def featurize(pipeline: Pipeline, events: list[dict], kept: list[int], bad: list[tuple[int, str]]):
     """Features and targets of decoded events. A pipeline that chokes on a valid event
-    dead-letters that event, not the whole rank."""
-    features, targets = pipeline.features, pipeline.targets
+    dead-letters that event, not the whole rank. With joined labels the targets come with the
+    labels (labelled.py): zeros here."""
+    features, targets = pipeline.features, pipeline.targets if pipeline.labels is None else _no_targets
     try:
         return features(events), targets(events), kept, bad
     except Exception:

@@ -25,13 +25,31 @@ class Window:
     checkpoint: bool = False  # checkpoint once this window is learned
     stop: bool = False  # the run ends after this window (it may be empty)
     by_partition: bool = True  # each partition's range goes whole to rank partition % world
+    # Joined labels: the labels topic's ranges, partition p's going to the rank that reads
+    # partition p of the events (windows with labels are always by partition).
+    labels: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
         return sum(end - start for start, end in self.ranges.values())
 
+    @property
+    def label_size(self) -> int:
+        return sum(end - start for start, end in self.labels.values())
+
+    @property
+    def messages(self) -> int:
+        """Events and labels: what the window has to read."""
+        return self.size + self.label_size
+
     def end_positions(self) -> dict[int, int]:
         return {p: end for p, (_, end) in self.ranges.items()}
+
+    def label_end_positions(self) -> dict[int, int]:
+        return {p: end for p, (_, end) in self.labels.items()}
+
+    def label_slice_for(self, rank: int, world: int) -> dict[int, tuple[int, int]]:
+        return {p: r for p, r in self.labels.items() if p % world == rank and r[1] > r[0]}
 
     def slice_for(self, rank: int, world: int) -> dict[int, tuple[int, int]]:
         """This rank's ranges: its own partitions' whole ranges, or a contiguous share of each."""
@@ -56,28 +74,44 @@ class WindowPlanner:
     world: int = 1  # ranks the windows are read by
     seq: int = 0
     planned: int = field(default=0)
+    label_positions: dict[int, int] | None = None  # joined labels: the labels topic's next offsets
 
-    def next(self, high_watermarks: dict[int, int], *, checkpoint: bool = False, stop: bool = False) -> Window:
-        for p in high_watermarks:
-            self.positions.setdefault(p, 0)  # a partition added while running starts at its beginning
-        available = {p: max(0, high_watermarks.get(p, pos) - pos) for p, pos in self.positions.items()}
+    def next(self, high_watermarks: dict[int, int], *, label_highs: dict[int, int] | None = None,
+             checkpoint: bool = False, stop: bool = False) -> Window:
         cap = self.window_events if self.budget is None else min(self.window_events, self.budget - self.planned)
-        take = _fair_share(available, max(cap, 0)) if not stop else {}
-        ranges = {p: (self.positions[p], self.positions[p] + n) for p, n in take.items() if n > 0}
-        for p, (_, end) in ranges.items():
-            self.positions[p] = end
-        window = Window(self.seq, ranges, checkpoint=checkpoint, stop=stop or self.exhausted(extra=sum(take.values())),
-                        by_partition=len(self.positions) >= self.world)
+        ranges = _take(self.positions, high_watermarks, max(cap, 0) if not stop else 0)
+        # Labels take up to a window of their own: the budget counts events, and a window of
+        # labels only (the events all read, their labels still coming) must still move.
+        labels = {} if self.label_positions is None else _take(self.label_positions, label_highs or {},
+                                                                self.window_events if not stop else 0)
+        size = sum(end - start for start, end in ranges.values())
+        window = Window(self.seq, ranges, checkpoint=checkpoint, stop=stop or self.exhausted(extra=size),
+                        by_partition=self.label_positions is not None or len(self.positions) >= self.world,
+                        labels=labels)
         self.seq += 1
         self.planned += window.size
         return window
 
-    def available(self, high_watermarks: dict[int, int]) -> int:
-        """Events Kafka has that no window has planned yet."""
-        return sum(max(0, high - self.positions.get(p, 0)) for p, high in high_watermarks.items())
+    def available(self, high_watermarks: dict[int, int], label_highs: dict[int, int] | None = None) -> int:
+        """Events (and labels) Kafka has that no window has planned yet."""
+        waiting = sum(max(0, high - self.positions.get(p, 0)) for p, high in high_watermarks.items())
+        if self.label_positions is not None:
+            waiting += sum(max(0, high - self.label_positions.get(p, 0)) for p, high in (label_highs or {}).items())
+        return waiting
 
     def exhausted(self, extra: int = 0) -> bool:
         return self.budget is not None and self.planned + extra >= self.budget
+
+
+def _take(positions: dict[int, int], highs: dict[int, int], cap: int) -> dict[int, tuple[int, int]]:
+    """Up to `cap` offsets past `positions` (advanced in place), shared fairly across partitions."""
+    for p in highs:
+        positions.setdefault(p, 0)  # a partition added while running starts at its beginning
+    available = {p: max(0, highs.get(p, pos) - pos) for p, pos in positions.items()}
+    ranges = {p: (positions[p], positions[p] + n) for p, n in _fair_share(available, cap).items() if n > 0}
+    for p, (_, end) in ranges.items():
+        positions[p] = end
+    return ranges
 
 
 def _fair_share(available: dict[int, int], cap: int) -> dict[int, int]:

@@ -3,7 +3,8 @@
 Layout of one checkpoint directory:
     model.pt     torch state of the model (unwrapped from DDP) and the optimizer
     meta.json    pipeline, version, offsets, counters, metrics (see `write`)
-    SHA256SUMS   sha256 of the two files above; written last, so its presence means complete
+    join.npz     with joined labels only: the join state (events and labels waiting), as arrays
+    SHA256SUMS   sha256 of the files above; written last, so its presence means complete
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from streamlearn import faults
 from streamlearn.errors import CheckpointError
 
 SUMS = "SHA256SUMS"
-FILES = ("model.pt", "meta.json")
+FILES = ("model.pt", "meta.json")  # in every checkpoint
+ARRAYS = "join.npz"  # in those with arrays (the join state of joined labels)
 
 
 def _sha256(path: Path) -> str:
@@ -33,21 +36,28 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write(directory: str | Path, model_state: dict, optimizer_state: dict | None, meta: dict[str, Any]) -> Path:
+def write(directory: str | Path, model_state: dict, optimizer_state: dict | None, meta: dict[str, Any],
+          arrays: dict[str, np.ndarray] | None = None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model_state, "optimizer": optimizer_state}, directory / "model.pt")
     (directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    if arrays is not None:  # beside the model, not in it: the scorer loads model.pt on every swap
+        np.savez(directory / ARRAYS, **arrays)
     faults.point("mid_checkpoint_write")
-    sums = "".join(f"{_sha256(directory / name)}  {name}\n" for name in FILES)
+    sums = "".join(f"{_sha256(directory / name)}  {name}\n" for name in _files(directory))
     tmp = directory / (SUMS + ".tmp")
     tmp.write_text(sums)
     os.replace(tmp, directory / SUMS)
     return directory
 
 
+def _files(directory: Path) -> tuple[str, ...]:
+    return (*FILES, ARRAYS) if (directory / ARRAYS).exists() else FILES
+
+
 def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_state: dict | None,
-            meta: dict[str, Any]) -> Path:
+            meta: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> Path:
     """Write checkpoint `version` into the run directory, whole or not at all, and durably.
 
     Written beside its final name and renamed into place (atomic on one filesystem), then the
@@ -60,8 +70,8 @@ def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_stat
                               f"writing this lineage?")
     staging = run_dir / f".staging-{version:09d}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    write(staging, model_state, optimizer_state, meta)
-    for name in (*FILES, SUMS):
+    write(staging, model_state, optimizer_state, meta, arrays)
+    for name in (*_files(staging), SUMS):
         _fsync(staging / name)
     os.rename(staging, final)
     _fsync(run_dir)
@@ -99,7 +109,7 @@ def verify(directory: str | Path) -> None:
     except OSError:
         raise CheckpointError(f"{directory}: no {SUMS} (incomplete or not a streamlearn checkpoint)") from None
     expected = dict(reversed(line.split("  ", 1)) for line in lines if line)
-    for name in FILES:
+    for name in sorted({*FILES, *expected}):
         if name not in expected:
             raise CheckpointError(f"{directory}: {SUMS} does not cover {name}")
         try:
@@ -126,6 +136,19 @@ def load(directory: str | Path, *, verify_first: bool = True) -> tuple[dict, dic
     except Exception as e:  # torch raises many types for a bad file
         raise CheckpointError(f"{directory}: model.pt does not load ({type(e).__name__}: {e})") from None
     return state["model"], state.get("optimizer"), read_meta(directory)
+
+
+def load_arrays(directory: str | Path) -> dict[str, np.ndarray]:
+    """The checkpoint's arrays (the join state of joined labels), {} if it has none. Call after
+    `load`, which verifies them."""
+    path = Path(directory) / ARRAYS
+    if not path.exists():
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{directory}: {ARRAYS} does not load ({e})") from None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:

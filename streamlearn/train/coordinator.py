@@ -62,6 +62,7 @@ class Coordinator:
     expected_steps_per_event: float
     world: int = 1
     controller: Any = None  # this run's ScaleController handle (None: fixed size, e.g. in tests)
+    label_reader: RangeReader | None = None  # joined labels: where the labels topic's watermarks come from
     clock: Callable[[], float] = time.monotonic
     last_checkpoint_t: float = field(default_factory=time.monotonic)
     idle_s: float = 0.0  # how long the broker has answered "nothing new", at the loop's own pace
@@ -74,6 +75,7 @@ class Coordinator:
     _resize_asked_t: float = 0.0
     _resize_answer: Any = None  # the controller's answer on its way (an ObjectRef)
     _highs: dict[int, int] | None = None
+    _label_highs: dict[int, int] | None = None
     _highs_t: float = 0.0
     resize_to: int | None = None
 
@@ -84,9 +86,10 @@ class Coordinator:
         now = self.clock()
         self._track_idle(highs, now)
         idle_stop = self.cfg.until_idle_s is not None and self.idle_s >= self.cfg.until_idle_s
-        window = self.planner.next(highs or {}, stop=idle_stop or self._resize_due(now))
-        self._last_empty = window.size == 0
-        self.planned_since_checkpoint += window.size
+        window = self.planner.next(highs or {}, label_highs=self._label_highs if highs else None,
+                                   stop=idle_stop or self._resize_due(now))
+        self._last_empty = window.messages == 0
+        self.planned_since_checkpoint += window.messages
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s
                or self.planned_since_checkpoint * self.expected_steps_per_event >= self.cfg.checkpoint_every_steps)
         if self.planned_since_checkpoint and (due or window.stop):
@@ -102,7 +105,10 @@ class Coordinator:
                 and self.planner.available(self._highs) >= self.planner.window_events):
             return self._highs
         try:
-            self._highs = {p: high for p, (_low, high) in self.reader.watermarks(self._current_partitions()).items()}
+            partitions = self._current_partitions()
+            self._highs = {p: high for p, (_low, high) in self.reader.watermarks(partitions).items()}
+            if self.label_reader is not None:  # the labels topic has the events topic's partitions
+                self._label_highs = {p: high for p, (_low, high) in self.label_reader.watermarks(partitions).items()}
             self._highs_t = now
             return self._highs
         except (KafkaException, KafkaUnavailable) as e:
@@ -120,7 +126,7 @@ class Coordinator:
         idle clock having run through the whole outage. So one plan adds at most
         MAX_IDLE_TICK_S, and the clock restarts whenever there is data or no answer.
         """
-        if highs is None or self.planner.available(highs):
+        if highs is None or self.planner.available(highs, self._label_highs):
             self.idle_s, self._empty_answer_t = 0.0, None
             return
         if self._empty_answer_t is not None:

@@ -83,7 +83,7 @@ def train_loop_per_worker(config: dict) -> None:
             optimizer.load_state_dict(restored[1])
     lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
     startup.mark("restored")
-    stream.start(lineage.dlq_positions)
+    stream.start(lineage.dlq_positions, restored[3] if restored else None)
     startup.mark("stream_started")
     bind(version=lineage.version)
     coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller"),
@@ -121,19 +121,23 @@ def train_loop_per_worker(config: dict) -> None:
             # What a window costs beyond reading and learning it: its plan (with the broadcast) and the size sync.
             overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
             stream.dead_letter(batch)
-            record_window(pipeline.name, batch.size, dead_by_reason(batch.bad), steps if rank == 0 else 0)
-            delta.add(Counters(batch.size, batch.dead_lettered, learned_fp, steps))
+            record_window(pipeline.name, batch.size, dead_by_reason(batch.bad + batch.bad_labels),
+                          steps if rank == 0 else 0)
+            delta.add(Counters(batch.size, batch.dead_lettered, learned_fp, steps, expired=batch.expired,
+                               labels_dead_lettered=len(batch.bad_labels)))
             if steps and startup.mark("first_step_done"):
                 startup.marks["first_window_events"] = window.size  # learned before the steady rate's clock starts
             loss_sum += batch_loss
             lineage.positions.update(window.end_positions())
+            if lineage.label_positions is not None:
+                lineage.label_positions.update(window.label_end_positions())
             if coordinator:
                 coordinator.learned(window)
             if window.checkpoint:
                 with phases("checkpoint"):
                     extra = {"startup_s": startup.take(), "window_overhead_ms": round(float(np.median(overhead_ms)), 3)}
                     save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, writer, reporter,
-                         phases, {k: v for k, v in extra.items() if v is not None})
+                         phases, {k: v for k, v in extra.items() if v is not None}, batch.join_snapshot)
                 delta, loss_sum, overhead_ms = Counters(), 0.0, []
             if window.stop:
                 break
@@ -201,15 +205,18 @@ def _steps(model, optimizer, pipeline, features, targets, crcs, chunks, totals, 
 
 def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
          loss_sum: float, recent: SlidingWindow, stream: Stream, writer: CheckpointWriter | None,
-         reporter: Reporter, phases: Phases, extra: dict | None = None) -> None:
-    """All ranks: flush dead letters, sum counters, gather metric windows. Rank 0 snapshots the
-    model and hands it to the writer, which publishes, commits offsets and prunes behind training."""
+         reporter: Reporter, phases: Phases, extra: dict | None = None,
+         join_snapshot: dict[str, np.ndarray] | None = None) -> None:
+    """All ranks: flush dead letters, sum counters, gather metric windows (and with joined labels
+    each rank's join state). Rank 0 snapshots the model and hands it to the writer, which
+    publishes, commits offsets and prunes behind training."""
     faults.point("before_dead_letter_flush")
     with phases("checkpoint.flush_dead_letters"):
         stream.dead_letters.flush()
     with phases("checkpoint.sum_counters"):
         summed = _sum_counters(delta, loss_sum)
         windows = _gather(recent.arrays())
+    join_state = _gather_to_rank0(join_snapshot) if pipeline.labels else None
     lineage.totals.add(summed[0])
     lineage.version += 1
     bind(version=lineage.version)
@@ -227,6 +234,13 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
         lineage.dlq_positions = stream.dlq_positions()
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
             "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
+    arrays = None
+    if join_state is not None:
+        arrays = {name: a for part in join_state for name, a in (part or {}).items()}
+        meta["join"] = {"ttl_s": pipeline.labels.ttl_s, "max_pending": pipeline.labels.max_pending,
+                        "pending": {side: sum(len(a) for name, a in arrays.items() if name.endswith(f"/{side}.key"))
+                                    for side in ("events", "labels")}}
+        metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
     version, totals = lineage.version, dict(vars(lineage.totals))
 
     def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
@@ -241,7 +255,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     # Our store, not Ray Train's (DECISIONS §17): Ray gets the metrics only.
     with phases("checkpoint.snapshot"):
         writer.submit(version, _unwrapped(model).state_dict(), optimizer.state_dict(), meta, lineage.positions,
-                      then=published)
+                      then=published, arrays=arrays)
     reporter.submit(metrics)
 
 
@@ -290,7 +304,7 @@ def _append_history(cfg: TrainConfig, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict] | None:
+def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict, dict] | None:
     """The lineage's newest complete checkpoint, verified (a corrupt one raises: an older one
     would learn events twice). From the run directory, not Ray Train's `get_checkpoint()`: a
     run's checkpoint is whatever the group before it stopped at, and that group may have been
@@ -298,7 +312,7 @@ def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict] | No
     registered its last report. Rank 0 picks; every rank loads that one."""
     path = ckpt.restore_point(_run_dir(cfg)) if rank == 0 else None
     path = broadcast(str(path) if path else None, rank)
-    return ckpt.load(path) if path else None
+    return (*ckpt.load(path), ckpt.load_arrays(path)) if path else None
 
 
 def _run_dir(cfg: TrainConfig) -> Path:
@@ -312,6 +326,11 @@ def _lineage(cfg: TrainConfig, stream: Stream, restored) -> Lineage:
     else:
         lows = {p: low for p, (low, _high) in stream.reader.watermarks(stream.reader.partitions()).items()}
         lineage = Lineage(cfg.topic, start_offsets=dict(lows), positions=dict(lows))
+    if getattr(stream, "label_reader", None) is not None and lineage.label_positions is None:
+        # Joined labels start where the labels topic starts (a lineage may also switch to them).
+        reader = stream.label_reader
+        lows = {p: low for p, (low, _high) in reader.watermarks(reader.partitions()).items()}
+        lineage.label_start_offsets, lineage.label_positions = dict(lows), dict(lows)
     # Versions only move forward, even past a checkpoint written but never registered by Ray.
     on_disk = ckpt.list_checkpoints(_run_dir(cfg))
     lineage.version = max([lineage.version, *(v for v, _ in on_disk)])
@@ -321,11 +340,13 @@ def _lineage(cfg: TrainConfig, stream: Stream, restored) -> Lineage:
 def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int, controller,
                  consumed_at_start: int) -> Coordinator:
     # --max-events bounds the whole run, not each group: take off what earlier groups consumed.
-    consumed = lineage.totals.learned + lineage.totals.dead_lettered - consumed_at_start
+    consumed = lineage.consumed() - consumed_at_start
     budget = None if cfg.max_events is None else max(0, cfg.max_events - consumed)
-    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget, world=stream.read_lanes)
+    labels = dict(lineage.label_positions) if lineage.label_positions is not None else None
+    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget, world=stream.read_lanes,
+                            label_positions=labels)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
-                       world=world, controller=controller)
+                       world=world, controller=controller, label_reader=getattr(stream, "label_reader", None))
 
 
 def _all_sizes(n: int) -> list[int]:
@@ -343,14 +364,24 @@ def _split_size(n: int, parts: int, index: int) -> int:
 
 
 def _sum_counters(delta: Counters, loss_sum: float) -> tuple[Counters, float]:
-    values = torch.tensor([delta.learned, delta.dead_lettered, delta.fingerprint, delta.steps], dtype=torch.int64)
+    values = torch.tensor([delta.learned, delta.dead_lettered, delta.fingerprint, delta.steps, delta.expired,
+                           delta.labels_dead_lettered], dtype=torch.int64)
     loss = torch.tensor([loss_sum], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values)
         dist.all_reduce(loss)
-    learned, dead, fp, _steps = values.tolist()
+    learned, dead, fp, _steps, expired, labels_dead = values.tolist()
     # Steps are the same on every rank (lockstep), so take one rank's count rather than the sum.
-    return Counters(learned, dead, fp, delta.steps), float(loss.item())
+    return Counters(learned, dead, fp, delta.steps, expired, labels_dead), float(loss.item())
+
+
+def _gather_to_rank0(obj) -> list | None:
+    """Every rank's `obj`, on rank 0 only (None elsewhere): a join state is for the checkpoint."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
 
 
 def _gather(arrays):

@@ -71,7 +71,7 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
 
     from streamlearn.autoscale.controller import start_controller
 
-    load_pipeline(cfg.pipeline)  # fail here, not inside a worker, if the pipeline is broken
+    pipeline = load_pipeline(cfg.pipeline)  # fail here, not inside a worker, if the pipeline is broken
     # Ray Train's preemption watcher is a 0-CPU actor per worker group that Ray places on a
     # random node, where it keeps that node busy for the group's life: after a resize down,
     # the autoscaler could not remove the node it landed on (the fresh-clone CI failure of
@@ -82,6 +82,8 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
         raise ConfigError(f"topic {cfg.topic!r} does not exist at {kafka.bootstrap}; "
                           f"create it with `streamlearn topics create {cfg.topic}` or produce with `streamlearn load`")
     ensure_topics(kafka, {cfg.dlq_topic: 1})
+    if pipeline.labels is not None:
+        _check_joined_labels(cfg, kafka, pipeline.labels.suffix)
     policy = scaling or ScalingPolicy(min_workers=cfg.workers, max_workers=cfg.workers)
     workers = min(max(cfg.workers, policy.min_workers), policy.max_workers)
     before = _meta_or_none(ckpt.newest(run_dir(cfg)))
@@ -174,6 +176,20 @@ def _reap(groups: list[_Group]) -> list[_Group]:
     return [group for group in groups if group.is_alive()]
 
 
+def _check_joined_labels(cfg: TrainConfig, kafka: KafkaSettings, suffix: str) -> None:
+    """A pipeline with joined labels reads `<topic><suffix>` beside the topic, partition by partition."""
+    topic = cfg.topic + suffix
+    if cfg.ingest != "direct":
+        raise ConfigError(f"pipeline {cfg.pipeline!r} joins delayed labels, which --ingest {cfg.ingest} does not do "
+                          "yet; train it with --ingest direct")
+    events, labels = len(partitions_of(kafka, cfg.topic)), len(partitions_of(kafka, topic))
+    if labels != events:
+        raise ConfigError(f"pipeline {cfg.pipeline!r} joins labels from {topic!r}, which needs the {events} "
+                          f"partitions of {cfg.topic!r} (a label goes to its event's partition); it has {labels}. "
+                          f"Create it with `streamlearn load --label-delay ...` or "
+                          f"`streamlearn topics create {topic} --partitions {events}`")
+
+
 def _budget_spent(cfg: TrainConfig, consumed_at_start: int) -> bool:
     if cfg.max_events is None:
         return False
@@ -181,8 +197,12 @@ def _budget_spent(cfg: TrainConfig, consumed_at_start: int) -> bool:
 
 
 def _consumed(meta: dict | None) -> int:
-    counters = (meta or {}).get("counters", {})
-    return counters.get("learned", 0) + counters.get("dead_lettered", 0)
+    """Events the lineage has read (learned, dead-lettered, or with joined labels also expired
+    or waiting): what --max-events counts."""
+    if not meta:
+        return 0
+    starts = meta.get("start_offsets", {})
+    return sum(int(end) - int(starts.get(p, 0)) for p, end in meta.get("offsets", {}).items())
 
 
 def _meta_or_none(path: Path | None) -> dict[str, Any] | None:

@@ -137,7 +137,8 @@ def checkpoint_after(directory: Path, t: float, timeout: float, alive: threading
             meta = ckpt.read_meta(path)
             if meta["written_at"] > t:
                 return meta
-        assert alive is None or alive.is_alive(), "training ended while a new checkpoint was awaited"
+        assert alive is None or alive.is_alive(), \
+            f"training ended while a new checkpoint was awaited: {getattr(alive, 'error', None)!r}"
         time.sleep(0.1)
     raise AssertionError(f"no checkpoint written after t={t:.1f} within {timeout:.0f}s under {directory}")
 

@@ -75,7 +75,18 @@ def test_missing_fields_are_rejected_and_extra_fields_ignored(name):
     event = events(1)[0]
     with pytest.raises(BadEvent, match="missing_field"):
         p.schema.validate({k: v for k, v in event.items() if k != p.schema.fields[0].name})
-    assert p.schema.validate({**event, "unexpected": 1}) == event
+    # Fields the schema does not name are ignored (is_fraud, for a pipeline whose label comes later).
+    assert p.schema.validate({**event, "unexpected": 1}) == {f.name: event[f.name] for f in p.schema.fields}
+
+
+def test_a_pipeline_with_joined_labels_learns_their_field():
+    p = load_pipeline("fraud_delayed")
+    assert p.labels is not None and "is_fraud" not in {f.name for f in p.schema.fields}
+    raw = [b'{"event_id":"1-%d","label":%s,"label_time":5}' % (i, b"true" if i % 3 else b"false") for i in range(6)]
+    labels = [p.labels.schema.decode(r) for r in raw]
+    assert p.label_targets(labels).tolist() == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    with pytest.raises(BadEvent, match="oversized"):
+        p.labels.schema.decode(b'{"event_id":"' + b"x" * 200 + b'","label":true}')
 
 
 def test_unknown_pipeline_says_how_to_fix():

@@ -1,0 +1,147 @@
+"""Delayed labels in training (issue 16): one rank's online join of its events and their labels.
+
+Partition p of `<topic>.labels` holds the labels of partition p's events (a label is sent with
+its event's key: load/labels.py), and a window with labels gives both topics' ranges of a
+partition to the same rank, so each partition is joined on one rank, in a JoinState of its own,
+and no label crosses ranks. On a resize the states move with their partitions, through the
+checkpoint (`snapshot`, `restore`).
+
+Time is the messages' own Kafka timestamps, never the trainer's clock. An event and its label
+join only if the label is at most the TTL after the event. After each window a partition's clock
+is the older of its two topics' newest timestamps, and what has waited more than the TTL before
+it leaves: an event as expired (counted: never labelled in time), a label to the dead-letter
+topic (no event for it within the TTL). A label within the TTL of its event is always read
+before that clock passes the event's expiry, whichever topic the windows read further ahead, so
+a replay of the same offsets cut into other windows makes the same decisions, as long as
+timestamps rise with offsets in each partition of each topic (one producer per key, as the
+generator writes them). The cap is the exception: what it evicts depends on how windows
+interleave the two topics, so a crash while the cap evicts can leave the dead letter of a label
+that the replay then joins (docs/DECISIONS.md §20).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from streamlearn.ingest.join import JoinState
+from streamlearn.ingest.reader import Message
+from streamlearn.pipeline import JoinedLabels
+
+LABEL_WITHOUT_EVENT = "label_without_event: no event with this id within the TTL ({ttl:g} s)"
+DUPLICATE_LABEL = "duplicate_label: a label for this event id is already waiting"
+DUPLICATE_EVENT = "duplicate_event: an event with this id is already waiting for its label"
+
+
+class Events(NamedTuple):
+    """One partition's decoded events of a window: join keys, features, fingerprints, times (s)
+    and, for a dead letter, each event's message."""
+
+    keys: np.ndarray
+    features: np.ndarray
+    crcs: np.ndarray
+    t: np.ndarray
+    messages: list[Message]
+
+
+class Labels(NamedTuple):
+    """One partition's decoded label messages of a window."""
+
+    keys: np.ndarray
+    targets: np.ndarray
+    offsets: np.ndarray
+    values: np.ndarray
+    t: np.ndarray
+
+
+@dataclass
+class Outcome:
+    """What one window of one rank gives the trainer: joined events to learn, dead letters."""
+
+    features: list[np.ndarray] = field(default_factory=list)
+    targets: list[np.ndarray] = field(default_factory=list)
+    crcs: list[np.ndarray] = field(default_factory=list)
+    dead_events: list[tuple[Message, str]] = field(default_factory=list)
+    dead_labels: list[tuple[Message, str]] = field(default_factory=list)
+    expired: int = 0  # events that left without their label
+
+
+class LabelJoin:
+    def __init__(self, spec: JoinedLabels, n_features: int, partitions_total: int):
+        self.spec, self.n_features = spec, n_features
+        self.cap = max(1, spec.max_pending // max(1, partitions_total))  # per side, per partition
+        self.states: dict[int, JoinState] = {}
+        self.clocks: dict[int, np.ndarray] = {}  # partition -> [newest event time, newest label time]
+        self._late_reason = LABEL_WITHOUT_EVENT.format(ttl=spec.ttl_s)
+
+    def window(self, events: dict[int, Events], labels: dict[int, Labels]) -> Outcome:
+        out = Outcome()
+        for p in sorted(set(events) | set(labels)):
+            state, clock = self._state(p)
+            expired_before = _events_expired(state)
+            if p in events and len(events[p].keys):
+                e = events[p]
+                joined = state.add_events(e.keys, e.features, e.crcs, e.t)
+                self._learn(out, joined, p)
+                out.dead_events.extend((e.messages[i], DUPLICATE_EVENT) for i in joined.refused_events.tolist())
+                clock[0] = max(clock[0], float(e.t.max()))
+            if p in labels and len(labels[p].keys):
+                lab = labels[p]
+                joined = state.add_labels(lab.keys, lab.targets, np.full(len(lab.keys), p, np.int32), lab.offsets,
+                                          lab.t, lab.values)
+                self._learn(out, joined, p)
+                out.dead_labels.extend(_messages(joined.duplicate, DUPLICATE_LABEL))
+                clock[1] = max(clock[1], float(lab.t.max()))
+            for gone in state.expire(float(clock.min()))["labels"]:
+                out.dead_labels.extend(_messages(gone.rows, self._late_reason))
+            out.expired += _events_expired(state) - expired_before
+        return out
+
+    def _learn(self, out: Outcome, joined, p: int) -> None:
+        if joined.size:
+            out.features.append(joined.features)
+            out.targets.append(joined.targets)
+            out.crcs.append(joined.crcs)
+        out.dead_labels.extend(_messages(joined.late, self._late_reason))
+
+    def _state(self, p: int) -> tuple[JoinState, np.ndarray]:
+        if p not in self.states:
+            self.states[p] = JoinState(self.n_features, self.spec.ttl_s, self.cap)
+            self.clocks[p] = np.full(2, -np.inf)
+        return self.states[p], self.clocks[p]
+
+    @property
+    def pending(self) -> dict[str, int]:
+        return {side: sum(s.pending[side] for s in self.states.values()) for side in ("events", "labels")}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Every partition's pending rows and clock, as flat arrays named `p<partition>/...`."""
+        out = {}
+        for p, state in self.states.items():
+            out[f"p{p}/clock"] = self.clocks[p].copy()
+            out.update({f"p{p}/{name}": array for name, array in state.snapshot().items()})
+        return out
+
+    def restore(self, arrays: dict[str, np.ndarray], mine) -> None:
+        """Take the states of the partitions `mine(p)` says this rank joins from a checkpoint's arrays."""
+        by_partition: dict[int, dict[str, np.ndarray]] = {}
+        for name, array in arrays.items():
+            head, rest = name.split("/", 1)
+            by_partition.setdefault(int(head[1:]), {})[rest] = array
+        for p, rows in by_partition.items():
+            if mine(p):
+                self.states[p] = JoinState.restore(rows, self.n_features, self.spec.ttl_s, self.cap)
+                self.clocks[p] = rows["clock"].astype(np.float64)
+
+
+def _events_expired(state: JoinState) -> int:
+    return sum(n for name, n in state.expired.items() if name.startswith("events."))
+
+
+def _messages(rows: dict[str, np.ndarray], reason: str) -> list[tuple[Message, str]]:
+    if not rows or not len(rows.get("offset", ())):
+        return []
+    columns = (rows["partition"].tolist(), rows["offset"].tolist(), rows["value"].tolist())
+    return [(Message(int(p), int(o), bytes(v)), reason) for p, o, v in zip(*columns, strict=True)]

@@ -1,0 +1,124 @@
+"""Delayed labels (issue 16), trained exactly once across both topics through a worker SIGKILL
+and a resumed run on another number of workers.
+
+The generator sends events without `is_fraud` and each label 0.2-2 s later on `<topic>.labels`
+(10 % never); `fraud_delayed` learns an event once its label has come. The TTL (an hour) is far
+longer than the test, so nothing expires: every labelled valid event must be learned exactly
+once (count and fingerprint), every unlabelled one must still wait in the join state of the
+last checkpoint, and the labels topic must be read to its end with nothing dead-lettered. A
+join state lost in the kill (or not moved to its partitions' new rank on the resumed run)
+shows as labels waiting for events the trainer forgot, and as events never learned. What
+expires, when, and that it does not depend on windows or restores: tests/unit/test_labelled.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import zlib
+
+import pytest
+
+from load.generator import run_load
+from load.labels import LabelPlan, parse_label_delay
+from load.profiles import parse_profile
+from pipelines.banking import UNLABELLED_TRANSACTION
+from streamlearn.errors import BadEvent, StreamlearnError
+from streamlearn.ingest.stream import FINGERPRINT_MOD
+from streamlearn.kafka.admin import end_offsets, ensure_topics
+from streamlearn.train import checkpoint as ckpt
+from streamlearn.train.trainer import run_dir, train
+
+from .streams import dead_letter_keys, read_topic
+from .test_faults import Training, checkpoint_after, finish_training, recovery
+from .test_training import config, train_workers
+
+pytestmark = pytest.mark.integration
+PLAN = LabelPlan(parse_label_delay("uniform:0.2:2.0"), unlabelled_fraction=0.1)
+
+
+class LabelledLoad(threading.Thread):
+    """Events at a steady rate with their labels following, one-second chunks, 2 % malformed."""
+
+    def __init__(self, bootstrap: str, topic: str, seed: int, rate: int = 400):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.seed, self.rate = bootstrap, topic, seed, rate
+        self.stop, self.error = threading.Event(), None
+
+    def run(self):
+        seed = self.seed
+        try:
+            while not self.stop.is_set():
+                run_load(self.bootstrap, self.topic, partitions=4, profile=parse_profile(f"constant:{self.rate}"),
+                         duration=1.0, bad_fraction=0.02, seed=seed, labels=PLAN)
+                seed += 1
+        except StreamlearnError as e:
+            self.error = e
+
+    def finish(self):
+        self.stop.set()
+        self.join(60)
+        assert self.error is None, self.error
+
+
+def assert_joined_exactly_once(settings, cfg) -> dict:
+    """Checked against what is in both topics: learned == labelled valid events (and their
+    fingerprint), unlabelled ones waiting, malformed ones dead-lettered once, both topics read."""
+    meta = ckpt.read_meta(ckpt.newest(run_dir(cfg)))
+    counters, labels_topic = meta["counters"], f"{cfg.topic}.labels"
+    labelled = {json.loads(m.value)["event_id"] for m in read_topic(settings, labels_topic)}
+    valid, bad, joined_fp, joined = 0, 0, 0, 0
+    for m in read_topic(settings, cfg.topic):
+        try:
+            event = UNLABELLED_TRANSACTION.decode(m.value)
+        except BadEvent:
+            bad += 1
+            continue
+        valid += 1
+        if event["event_id"] in labelled:
+            joined += 1
+            joined_fp += zlib.crc32(m.value)
+    assert {int(p): o for p, o in meta["offsets"].items()} == end_offsets(settings, cfg.topic)
+    assert {int(p): o for p, o in meta["labels"]["offsets"].items()} == end_offsets(settings, labels_topic)
+    assert (counters["learned"], counters["fingerprint"]) == (joined, joined_fp % FINGERPRINT_MOD)
+    assert (counters["dead_lettered"], counters["labels_dead_lettered"], counters["expired"]) == (bad, 0, 0)
+    assert meta["join"]["pending"] == {"events": valid - joined, "labels": 0}
+    assert 0.05 * valid < valid - joined < 0.15 * valid  # the unlabelled tenth waits
+    keys = dead_letter_keys(settings, cfg.dlq_topic)
+    assert len(keys) == len(set(keys)) == bad
+    return meta
+
+
+@pytest.mark.timeout(900)
+def test_delayed_labels_are_learned_once_through_a_worker_kill_and_a_resume_on_one_worker(
+        kafka, kafka_settings, ray_cluster, topic, tmp_path):
+    ensure_topics(kafka_settings, {f"{topic}.labels": 4})
+    cfg = config(tmp_path, topic, pipeline="fraud_delayed")
+    load, training = LabelledLoad(kafka.bootstrap, topic, seed=500), Training(cfg, kafka_settings)
+    load.start()
+    training.start()
+    try:
+        checkpoint_after(run_dir(cfg), 0.0, 300, training)
+        time.sleep(3)  # events wait for labels in the join state that the checkpoint holds
+        victim = train_workers(ray_cluster)[1]
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        back = checkpoint_after(run_dir(cfg), killed_at, 300, training)
+        recovery("delayed labels: training worker SIGKILL -> first new checkpoint", back["written_at"] - killed_at)
+        time.sleep(5)
+    finally:
+        load.finish()
+    summary = finish_training(training)
+    meta = assert_joined_exactly_once(kafka_settings, cfg)
+    assert summary["lineage_learned"] == meta["counters"]["learned"] > 2_000
+    assert meta["join"]["pending"]["events"] > 0
+
+    # Resume on one worker: the join state of all four partitions moves to rank 0, and labels
+    # of events learned before (none: no duplicates) or waiting since the last run find them.
+    run_load(kafka.bootstrap, topic, partitions=4, count=3_000, bad_fraction=0.02, seed=900, labels=PLAN)
+    train(config(tmp_path, topic, pipeline="fraud_delayed", workers=1, until_idle_s=4.0), kafka_settings)
+    again = assert_joined_exactly_once(kafka_settings, cfg)
+    assert again["counters"]["learned"] > meta["counters"]["learned"] + 2_000

@@ -1,0 +1,129 @@
+"""The trainer's online join (streamlearn/ingest/labelled.py): what joins, expires and is
+dead-lettered depends only on the messages and their Kafka timestamps, never on how windows cut
+the two topics, nor on a checkpoint and restore in between: what makes a replay after a crash
+decide as the lost run did. And every event and every label is accounted for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamlearn.ingest.join import LABEL_BYTES, join_keys
+from streamlearn.ingest.labelled import DUPLICATE_EVENT, DUPLICATE_LABEL, Events, LabelJoin, Labels
+from streamlearn.ingest.reader import Message
+from streamlearn.pipeline import JoinedLabels
+from streamlearn.schema import Field, Schema
+
+TTL = 10.0
+SPEC = JoinedLabels(Schema("label", (Field("event_id", "str"), Field("label", "bool"))), ttl_s=TTL, max_pending=10**6)
+D = 3
+
+
+def stream(seed: int, n: int = 600):
+    """One partition's events (time-ordered) and labels (ordered by their own times): delays
+    mostly within the TTL, some past it, a share never labelled, a few duplicate labels."""
+    rng = np.random.default_rng(seed)
+    t_events = np.cumsum(rng.exponential(0.2, n))
+    delay = np.where(rng.random(n) < 0.1, rng.uniform(TTL, 3 * TTL, n), rng.exponential(2.0, n))
+    labelled = rng.random(n) >= 0.2
+    ids = np.flatnonzero(labelled)
+    dup = rng.choice(ids, 10, replace=False)
+    label_ids = np.concatenate([ids, dup])
+    label_t = np.concatenate([t_events[ids] + delay[ids], t_events[dup] + delay[dup] + rng.uniform(0, 1, 10)])
+    order = np.argsort(label_t, kind="stable")
+    return t_events, label_ids[order], label_t[order]
+
+
+def _events(t, lo, hi) -> Events:
+    ids = list(range(lo, hi))
+    return Events(join_keys(f"e{i}" for i in ids), np.array([[i, 0, 1] for i in ids], np.float32).reshape(-1, D),
+                  np.array(ids, np.uint32) + 1, t[lo:hi], [Message(0, i, f"e{i}".encode()) for i in ids])
+
+
+def _labels(label_ids, label_t, lo, hi) -> Labels:
+    ids = label_ids[lo:hi]
+    return Labels(join_keys(f"e{i}" for i in ids), (ids % 2).astype(np.float32), np.arange(lo, hi, dtype=np.int64),
+                  np.array([f"L{i}".encode() for i in ids], dtype=f"S{LABEL_BYTES}"), label_t[lo:hi])
+
+
+def run(seed: int, cut_seed: int, restore_at: int | None = None) -> dict:
+    """Join the partition's stream in windows cut at random (each topic on its own), optionally
+    checkpointing and restoring into a fresh join after window `restore_at`."""
+    t, label_ids, label_t = stream(seed)
+    rng = np.random.default_rng(cut_seed)
+    join, e, lab, w = LabelJoin(SPEC, D, 1), 0, 0, 0
+    joined, dead, expired = [], [], 0
+    while e < len(t) or lab < len(label_ids):
+        e2 = min(len(t), e + int(rng.integers(0, 80)))
+        l2 = min(len(label_ids), lab + int(rng.integers(0, 80)))
+        out = join.window({0: _events(t, e, e2)} if e2 > e else {},
+                          {0: _labels(label_ids, label_t, lab, l2)} if l2 > lab else {})
+        joined += [int(c) for c in np.concatenate([np.empty(0, np.uint32), *out.crcs])]
+        # A second label for one event is dead-lettered whichever way the windows fall: refused as a
+        # duplicate while the first still waits, or left alone without an event once the first joined.
+        dead += [(m.offset, reason.split(":")[0].replace("duplicate_label", "label_without_event"))
+                 for m, reason in out.dead_labels + out.dead_events]
+        expired += out.expired
+        e, lab, w = e2, l2, w + 1
+        if w == restore_at:
+            fresh = LabelJoin(SPEC, D, 1)
+            fresh.restore({k: v.copy() for k, v in join.snapshot().items()}, lambda p: True)
+            join = fresh
+    pending = join.pending
+    # Time moves on (an event and a label of other ids, far later): whatever still waits leaves.
+    # Until then a second label for one event may still wait where another cut refused it already.
+    out = join.window({0: Events(join_keys(["later"]), np.zeros((1, D), np.float32), np.zeros(1, np.uint32),
+                                 np.array([1e9]), [Message(0, -1, b"")])},
+                      {0: Labels(join_keys(["other"]), np.zeros(1, np.float32), np.array([-1]),
+                                 np.array([b""], dtype=f"S{LABEL_BYTES}"), np.array([1e9]))})
+    dead += [(m.offset, reason.split(":")[0].replace("duplicate_label", "label_without_event"))
+             for m, reason in out.dead_labels]
+    return {"joined": sorted(joined), "dead": sorted(dead), "expired": expired + out.expired, "pending": pending,
+            "n": (len(t), len(label_ids))}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_decisions_do_not_depend_on_how_windows_cut_the_two_topics(seed):
+    first = run(seed, cut_seed=100)
+    for cut in (101, 102, 103):
+        again = run(seed, cut_seed=cut)
+        assert {k: v for k, v in again.items() if k != "pending"} == {k: v for k, v in first.items() if k != "pending"}
+    assert len(first["joined"]) > 300 and first["expired"] > 0 and first["dead"]  # all three paths taken
+
+
+def test_a_restored_checkpoint_decides_as_the_join_that_never_stopped():
+    assert run(3, cut_seed=7, restore_at=5) == run(3, cut_seed=7)
+    assert run(3, cut_seed=8, restore_at=11) == run(3, cut_seed=8)
+
+
+def test_every_event_and_every_label_is_accounted_for_once():
+    out = run(4, cut_seed=9)
+    events, labels = out["n"]
+    assert len(out["joined"]) == len(set(out["joined"]))  # no event learned twice
+    assert out["pending"]["events"] > 0  # the last events still waited before time moved on
+    assert len(out["joined"]) + out["expired"] == events
+    assert len(out["joined"]) + len(out["dead"]) == labels
+    assert {r for _, r in out["dead"]} == {"label_without_event"}
+
+
+def test_duplicates_are_dead_lettered_with_their_reason():
+    join = LabelJoin(SPEC, D, 1)
+    t = np.array([0.0, 0.1, 0.2])
+    events = Events(join_keys(["a", "a", "b"]), np.zeros((3, D), np.float32), np.array([1, 2, 3], np.uint32), t,
+                    [Message(0, i, b"x") for i in range(3)])
+    out = join.window({0: events}, {})
+    assert [(m.offset, r) for m, r in out.dead_events] == [(1, DUPLICATE_EVENT)]
+    labels = Labels(join_keys(["c", "c"]), np.ones(2, np.float32), np.array([0, 1]),
+                    np.array([b"c0", b"c1"], dtype=f"S{LABEL_BYTES}"), np.array([0.3, 0.4]))
+    out = join.window({}, {0: labels})
+    assert [(m.offset, m.value, r) for m, r in out.dead_labels] == [(1, b"c1", DUPLICATE_LABEL)]
+
+
+def test_a_rank_restores_only_its_own_partitions():
+    join = LabelJoin(SPEC, D, 4)
+    for p in range(4):
+        t, label_ids, label_t = stream(p, n=50)
+        join.window({p: _events(t, 0, 50)}, {})
+    mine = LabelJoin(SPEC, D, 4)
+    mine.restore(join.snapshot(), lambda p: p % 2 == 1)
+    assert sorted(mine.states) == [1, 3] and mine.pending["events"] == 100
