@@ -265,6 +265,13 @@ class Joined:
 LABEL_BYTES = 160  # a label message kept for its dead letter; longer ones are refused when decoded
 
 
+def _pick(column, index: np.ndarray, dtype) -> np.ndarray:
+    """Rows `index` of a column given as an array, a function of the rows, or None (zeros)."""
+    if column is None:
+        return np.zeros(len(index), dtype)
+    return np.asarray(column(index) if callable(column) else column[index], dtype)
+
+
 @dataclass
 class JoinState:
     """Both sides of the join of `<topic>` (events) and `<topic>.labels` (labels), bounded by
@@ -297,40 +304,41 @@ class JoinState:
         found, labels = self.labels.take(keys)
         on_time = labels["t"] - t[found] <= self.ttl_s
         joined = Joined(features[found][on_time], labels["target"][on_time], crcs[found][on_time],
-                        keys[found][on_time], late=self._late(labels, ~on_time))
+                        keys[found][on_time], late=self._late({name: c[~on_time] for name, c in labels.items()}))
         rest = ~found
         taken = self.events.add({"key": keys[rest], "t": t[rest], "features": features[rest], "crc": crcs[rest]})
         self.duplicates["events"] += int((~taken).sum())
         joined.refused_events = np.flatnonzero(rest)[~taken]
         return joined
 
-    def add_labels(self, keys: np.ndarray, targets: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
-                   t, values: np.ndarray | None = None) -> Joined:
+    def add_labels(self, keys: np.ndarray, targets: np.ndarray, partitions: np.ndarray, offsets, t,
+                   values=None) -> Joined:
         """Labels arrived at `t` (one time, or one per label): those whose event waits are joined
-        now, the rest wait for theirs."""
+        now, the rest wait for theirs. `offsets` and `values` (the label's bytes, for its dead
+        letter) are arrays, or functions of the rows wanted: most labels join at once and never
+        need theirs (building them for every label was a fifth of the join's time, measured)."""
         t = self._arrival("labels", t, len(keys))
-        values = np.zeros(len(keys), f"S{LABEL_BYTES}") if values is None else values
         found, events = self.events.take(keys)
         on_time = t[found] - events["t"] <= self.ttl_s
         hit = np.flatnonzero(found)
-        late = {"key": keys[hit[~on_time]], "t": t[hit[~on_time]], "target": targets[hit[~on_time]],
-                "partition": partitions[hit[~on_time]], "offset": offsets[hit[~on_time]],
-                "value": values[hit[~on_time]]}
+
+        def rows(index: np.ndarray) -> dict[str, np.ndarray]:
+            return {"key": keys[index], "t": t[index], "target": targets[index], "partition": partitions[index],
+                    "offset": _pick(offsets, index, np.int64), "value": _pick(values, index, f"S{LABEL_BYTES}")}
+
         joined = Joined(events["features"][on_time], targets[found][on_time], events["crc"][on_time],
-                        keys[found][on_time], late=self._late(late, np.ones(len(late["key"]), bool)))
-        rest = {"key": keys[~found], "t": t[~found], "target": targets[~found], "partition": partitions[~found],
-                "offset": offsets[~found], "value": values[~found]}
+                        keys[found][on_time], late=self._late(rows(hit[~on_time])))
+        rest = rows(np.flatnonzero(~found))
         taken = self.labels.add(rest)
         self.duplicates["labels"] += int((~taken).sum())
         joined.duplicate = {name: column[~taken] for name, column in rest.items()}
         return joined
 
-    def _late(self, labels: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
-        """Pairs found more than the TTL apart: the event counts as expired, the label is returned."""
-        n = int(mask.sum())
-        if n:
+    def _late(self, labels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Labels found more than the TTL after their events: each event counts as expired."""
+        if n := len(labels["key"]):
             self.expired["events.late"] = self.expired.get("events.late", 0) + n
-        return {name: column[mask] for name, column in labels.items()}
+        return labels
 
     def _arrival(self, side: str, t, n: int) -> np.ndarray:
         # Expiry walks each side oldest first, so a side's arrival times must not go back (a

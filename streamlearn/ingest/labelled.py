@@ -21,8 +21,9 @@ that the replay then joins (docs/DECISIONS.md §20).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,22 +38,23 @@ DUPLICATE_EVENT = "duplicate_event: an event with this id is already waiting for
 
 class Events(NamedTuple):
     """One partition's decoded events of a window: join keys, features, fingerprints, times (s)
-    and, for a dead letter, each event's message."""
+    and, for the rare dead letter, a function from a row to its message."""
 
     keys: np.ndarray
     features: np.ndarray
     crcs: np.ndarray
     t: np.ndarray
-    messages: list[Message]
+    message: Callable[[int], Message]
 
 
 class Labels(NamedTuple):
-    """One partition's decoded label messages of a window."""
+    """One partition's decoded label messages of a window. `offsets` and `values` are arrays or
+    functions of the rows wanted (only labels that wait or leave unjoined need them)."""
 
     keys: np.ndarray
     targets: np.ndarray
-    offsets: np.ndarray
-    values: np.ndarray
+    offsets: Any
+    values: Any
     t: np.ndarray
 
 
@@ -85,7 +87,7 @@ class LabelJoin:
                 e = events[p]
                 joined = state.add_events(e.keys, e.features, e.crcs, e.t)
                 self._learn(out, joined, p)
-                out.dead_events.extend((e.messages[i], DUPLICATE_EVENT) for i in joined.refused_events.tolist())
+                out.dead_events.extend((e.message(i), DUPLICATE_EVENT) for i in joined.refused_events.tolist())
                 clock[0] = max(clock[0], float(e.t.max()))
             if p in labels and len(labels[p].keys):
                 lab = labels[p]

@@ -19,7 +19,7 @@ import numpy as np
 
 from streamlearn.config import KafkaSettings
 from streamlearn.ingest.deadletter import DeadLetters
-from streamlearn.ingest.join import LABEL_BYTES, join_keys
+from streamlearn.ingest.join import join_keys
 from streamlearn.ingest.labelled import Events, LabelJoin, Labels
 from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.windows import Window
@@ -102,17 +102,18 @@ class WorkerStream:
             labels = self.label_reader.read_raw(window.label_slice_for(self.rank, self.world)) if self.join else []
         with self.phases("decode", window=window.seq, messages=len(messages)):
             values = [m.value() for m in messages]
-            events, kept, bad = self.pipeline.schema.decode_many(values)
-            decoded = dict(zip(kept, events, strict=True))
-            x, y, kept, bad = featurize(self.pipeline, events, kept, bad)
+            events, decoded, bad = self.pipeline.schema.decode_many(values)
+            x, y, kept, bad = featurize(self.pipeline, events, decoded, bad)
             crc32 = zlib.crc32
             crcs = np.fromiter((crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
             dead = [(Message(messages[i].partition(), messages[i].offset(), values[i]), reason)
                     for i, reason in sorted(bad)]
         if self.join is None:
             return Batch(window, x, y, crcs, dead, time.perf_counter() - started)
+        if len(kept) < len(decoded):  # the pipeline refused some: keep the events that have rows
+            events = [e for e, i in zip(events, decoded, strict=True) if i in set(kept)]
         with self.phases("join", window=window.seq, labels=len(labels)):
-            batch = self._join(window, messages, values, [decoded[i] for i in kept], kept, x, crcs, labels, dead)
+            batch = self._join(window, messages, values, events, kept, x, crcs, labels, dead)
         batch.read_s = time.perf_counter() - started
         return batch
 
@@ -124,25 +125,37 @@ class WorkerStream:
         partitions = np.fromiter((messages[i].partition() for i in kept), np.int32, len(kept))
         t = np.fromiter((messages[i].timestamp()[1] for i in kept), np.float64, len(kept)) / 1000.0
         keys = join_keys(e[spec.key] for e in events)
+        kept_at = np.asarray(kept, np.int64)
         by_partition = {}
         for p in np.unique(partitions).tolist():
             rows = np.flatnonzero(partitions == p)
-            by_partition[p] = Events(keys[rows], x[rows], crcs[rows], t[rows],
-                                     [Message(p, messages[kept[i]].offset(), values[kept[i]]) for i in rows.tolist()])
+
+            def message(row: int, at=kept_at[rows]) -> Message:  # only for a dead letter: rare
+                i = int(at[row])
+                return Message(messages[i].partition(), messages[i].offset(), values[i])
+
+            by_partition[p] = Events(keys[rows], x[rows], crcs[rows], t[rows], message)
         label_values = [m.value() for m in label_messages]
         found, lkept, lbad = spec.schema.decode_many(label_values)
         bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), label_values[i]), reason)
                       for i, reason in sorted(lbad)]
-        lparts = np.fromiter((label_messages[i].partition() for i in lkept), np.int32, len(lkept))
         labels = {}
         if lkept:
+            lparts = np.fromiter((label_messages[i].partition() for i in lkept), np.int32, len(lkept))
             lkeys, targets = join_keys(m[spec.key] for m in found), self.pipeline.label_targets(found)
-            offsets = np.fromiter((label_messages[i].offset() for i in lkept), np.int64, len(lkept))
             lt = np.fromiter((label_messages[i].timestamp()[1] for i in lkept), np.float64, len(lkept)) / 1000.0
-            raw = np.array([label_values[i] for i in lkept], dtype=f"S{LABEL_BYTES}")
+            lkept_at = np.asarray(lkept, np.int64)
             for p in np.unique(lparts).tolist():
+                at = lkept_at[np.flatnonzero(lparts == p)]
+
+                def offsets(rows: np.ndarray, at=at) -> list[int]:
+                    return [label_messages[i].offset() for i in at[rows].tolist()]
+
+                def raw(rows: np.ndarray, at=at) -> list[bytes]:
+                    return [label_values[i] for i in at[rows].tolist()]
+
                 rows = np.flatnonzero(lparts == p)
-                labels[p] = Labels(lkeys[rows], targets[rows], offsets[rows], raw[rows], lt[rows])
+                labels[p] = Labels(lkeys[rows], targets[rows], offsets, raw, lt[rows])
         out = self.join.window(by_partition, labels)
         features = np.concatenate([x[:0], *out.features])
         targets = np.concatenate([np.empty(0, np.float32), *out.targets])

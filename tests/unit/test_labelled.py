@@ -37,7 +37,7 @@ def stream(seed: int, n: int = 600):
 def _events(t, lo, hi) -> Events:
     ids = list(range(lo, hi))
     return Events(join_keys(f"e{i}" for i in ids), np.array([[i, 0, 1] for i in ids], np.float32).reshape(-1, D),
-                  np.array(ids, np.uint32) + 1, t[lo:hi], [Message(0, i, f"e{i}".encode()) for i in ids])
+                  np.array(ids, np.uint32) + 1, t[lo:hi], [Message(0, i, f"e{i}".encode()) for i in ids].__getitem__)
 
 
 def _labels(label_ids, label_t, lo, hi) -> Labels:
@@ -73,7 +73,7 @@ def run(seed: int, cut_seed: int, restore_at: int | None = None) -> dict:
     # Time moves on (an event and a label of other ids, far later): whatever still waits leaves.
     # Until then a second label for one event may still wait where another cut refused it already.
     out = join.window({0: Events(join_keys(["later"]), np.zeros((1, D), np.float32), np.zeros(1, np.uint32),
-                                 np.array([1e9]), [Message(0, -1, b"")])},
+                                 np.array([1e9]), [Message(0, -1, b"")].__getitem__)},
                       {0: Labels(join_keys(["other"]), np.zeros(1, np.float32), np.array([-1]),
                                  np.array([b""], dtype=f"S{LABEL_BYTES}"), np.array([1e9]))})
     dead += [(m.offset, reason.split(":")[0].replace("duplicate_label", "label_without_event"))
@@ -110,7 +110,7 @@ def test_duplicates_are_dead_lettered_with_their_reason():
     join = LabelJoin(SPEC, D, 1)
     t = np.array([0.0, 0.1, 0.2])
     events = Events(join_keys(["a", "a", "b"]), np.zeros((3, D), np.float32), np.array([1, 2, 3], np.uint32), t,
-                    [Message(0, i, b"x") for i in range(3)])
+                    [Message(0, i, b"x") for i in range(3)].__getitem__)
     out = join.window({0: events}, {})
     assert [(m.offset, r) for m, r in out.dead_events] == [(1, DUPLICATE_EVENT)]
     labels = Labels(join_keys(["c", "c"]), np.ones(2, np.float32), np.array([0, 1]),
