@@ -9,6 +9,9 @@ streamlearn: `streamlearn.train.train` with 1 and 2 workers and the default sett
 steady rate taken from the end of its first window to its last checkpoint; start-up, the
 checkpoint share and the per-window overhead are reported apart. `--ingest ray-data` (Ray Data
 reads, decodes and splits the stream) runs with 2 workers beside the direct path's 2 workers.
+Delayed labels: the same events again on a second topic without `is_fraud`, each label on
+`<topic>.labels` 0-1 s after its event (load/labels.py), learned by `fraud_delayed` (the same
+model, its target joined in the trainer) with 1 and 2 workers, against the inline runs.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
 from load.generator import run_load
+from load.labels import LabelPlan, parse_label_delay
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import BadEvent
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train.trainer import run_dir, train
 
 TOPIC, PARTITIONS = "bench", 4
+DELAYED = "bench-delayed"  # the same events, their labels on DELAYED.labels
 
 
 def baseline(bootstrap: str, n: int) -> float:
@@ -61,14 +66,15 @@ def baseline(bootstrap: str, n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
-def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str = "direct") -> dict:
+def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str = "direct", topic: str = TOPIC,
+                  pipeline: str = "fraud") -> dict:
     """One `streamlearn.train.train` run with the defaults a user gets (only the topic, the worker
     count and the bound are set). Steady rate: events learned after the first window, over the time
     from the end of that window to the last checkpoint; start-up is reported apart, as where its
     seconds went (the first checkpoint's startup_s, counted from the call to train())."""
-    name = f"bench-{ingest}-{workers}-{time.time_ns()}"
-    cfg = TrainConfig(topic=TOPIC, workers=workers, ingest=ingest, checkpoint_dir=str(home / name), run_name=name,
-                      group_id=name, max_events=n, max_failures=0)
+    name = f"bench-{ingest}-{workers}-{pipeline}-{time.time_ns()}"
+    cfg = TrainConfig(topic=topic, pipeline=pipeline, workers=workers, ingest=ingest, checkpoint_dir=str(home / name),
+                      run_name=name, group_id=name, max_events=n, max_failures=0)
     started = time.time()
     summary = train(cfg, KafkaSettings(bootstrap=bootstrap), started_at=started)
     total_s = time.time() - started
@@ -81,7 +87,7 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
     for row in rows:
         for k, v in row.get("phases_s", {}).items():
             phases[k] = phases.get(k, 0.0) + v
-    return {"workers": workers, "ingest": ingest,
+    return {"workers": workers, "ingest": ingest, "pipeline": pipeline,
             "steady_events_per_s": learned / steady_s if steady_s > 0 else float("nan"),
             "steady_s": steady_s, "end_to_end_s": total_s, "end_to_end_events_per_s": n / total_s,
             "first_step_s": startup["first_step_done"], "startup_s": startup,
@@ -97,14 +103,19 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
+    topics = {TOPIC: PARTITIONS, DELAYED: PARTITIONS, f"{DELAYED}.labels": PARTITIONS}
+    with bench_broker(topics) as (home, broker, _settings):
         run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
+        run_load(broker.bootstrap, DELAYED, partitions=PARTITIONS, count=args.events, seed=11,
+                 labels=LabelPlan(parse_label_delay("uniform:0:1")))
         base = [baseline(broker.bootstrap, args.events) for _ in range(args.runs)]
         start_bench_ray()
         runs = {w: [pipeline_rate(broker.bootstrap, args.events, w, home) for _ in range(args.runs)] for w in (1, 2)}
         rd = [pipeline_rate(broker.bootstrap, args.events, 2, home, ingest="ray-data") for _ in range(args.runs)]
+        delayed = {w: [pipeline_rate(broker.bootstrap, args.events, w, home, topic=DELAYED, pipeline="fraud_delayed")
+                       for _ in range(args.runs)] for w in (1, 2)}
         ray.shutdown()
-    report(args.events, base, runs, rd)
+    report(args.events, base, runs, rd, delayed)
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -115,9 +126,10 @@ def _median_run(runs: list[dict]) -> dict:
     return {**ordered[len(ordered) // 2], **{k: statistics.median(r[k] for r in runs) for k in keys}}
 
 
-def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict]) -> None:
+def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict], delayed_runs: dict) -> None:
     base = statistics.median(base_runs)
     one, two, rd = _median_run(runs[1]), _median_run(runs[2]), _median_run(rd_runs)
+    delayed = {w: _median_run(rs) for w, rs in delayed_runs.items()}
     figures = {"events": n, "baseline_events_per_s": base, "baseline_runs": base_runs,
                "streamlearn_1_worker_events_per_s": one["steady_events_per_s"],
                "streamlearn_2_workers_events_per_s": two["steady_events_per_s"],
@@ -135,7 +147,13 @@ def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict]) -> N
                "first_step_s_ray_data_2_workers": rd["first_step_s"],
                "first_step_gap_s_ray_data_vs_direct": rd["first_step_s"] - two["first_step_s"],
                "end_to_end_s_ray_data_2_workers": rd["end_to_end_s"],
-               "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs}}
+               **{f"delayed_labels_{w}_worker{'s' if w > 1 else ''}_events_per_s": d["steady_events_per_s"]
+                  for w, d in delayed.items()},
+               **{f"ratio_delayed_labels_vs_inline_{w}_worker{'s' if w > 1 else ''}":
+                  d["steady_events_per_s"] / (one if w == 1 else two)["steady_events_per_s"]
+                  for w, d in delayed.items()},
+               "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs,
+                        **{f"delayed-labels-{w}": rs for w, rs in delayed_runs.items()}}}
     write_json("ingest", figures)
     defaults = TrainConfig
     lines = [
@@ -150,9 +168,15 @@ def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict]) -> N
         *[f"| streamlearn `--ingest {r['ingest']}`, {r['workers']} Ray Train worker{'s' if r['workers'] > 1 else ''} | "
           f"{r['steady_events_per_s']:,.0f} | {r['steady_events_per_s'] / base:.2f} | {r['first_step_s']:.1f} s | "
           f"{r['end_to_end_s']:.1f} s |" for r in (one, two, rd)],
+        *[f"| streamlearn, delayed labels joined in the trainer (`fraud_delayed`), {w} worker{'s' if w > 1 else ''} | "
+          f"{d['steady_events_per_s']:,.0f} | {d['steady_events_per_s'] / base:.2f} | "
+          f"{d['first_step_s']:.1f} s | {d['end_to_end_s']:.1f} s |" for w, d in delayed.items()],
         "",
         f"Ray Data against the direct path, 2 workers each: {figures['ratio_ray_data_vs_direct_2_workers']:.2f}x "
-        f"the learned rate, first step {figures['first_step_gap_s_ray_data_vs_direct']:+.1f} s.",
+        f"the learned rate, first step {figures['first_step_gap_s_ray_data_vs_direct']:+.1f} s. Delayed labels "
+        f"(each label on its own topic 0-1 s after its event, joined in the trainer) against inline labels, "
+        f"same workers: {figures['ratio_delayed_labels_vs_inline_1_worker']:.2f}x the learned rate with 1 worker, "
+        f"{figures['ratio_delayed_labels_vs_inline_2_workers']:.2f}x with 2 (the default).",
         "",
         "| per run (median) | direct, 1 worker | direct, 2 workers | ray-data, 2 workers |", "|---|---:|---:|---:|",
         f"| checkpointing, share of the steady wall time (training thread) | {one['checkpoint_share']:.1%} | "
