@@ -50,6 +50,11 @@ CATALOGUE: dict[str, Spec] = {
     "streamlearn_checkpoint_version": Spec("gauge", "Version of the newest checkpoint written", _P),
     "streamlearn_checkpoint_timestamp_seconds": Spec("gauge", "Unix time the newest checkpoint was written", _P),
     "streamlearn_checkpoint_age_seconds": Spec("gauge", "Seconds since the newest checkpoint was written", _P),
+    # delayed labels (pipelines with joined labels only; rank 0, at each checkpoint)
+    "streamlearn_join_pending": Spec("gauge", "Events and labels waiting in the join state at the newest "
+                                              "checkpoint", ("pipeline", "side")),
+    "streamlearn_join_expired_events": Spec("gauge", "Events of the lineage that left the join without a "
+                                                     "label within the TTL", _P),
     # the scale controller
     "streamlearn_consumer_lag": Spec("gauge", "Events behind the consumer group's committed offset",
                                      ("pipeline", "partition")),
@@ -260,6 +265,14 @@ def record_checkpoint(pipeline: str, version: int, loss: float | None, online: d
             _set("streamlearn_online_metric", value, {"pipeline": pipeline, "metric": key})
     _written_at[pipeline] = written_at
     _refresh_age(pipeline)
+
+
+@_guard
+def record_join(pipeline: str, pending: dict[str, int], expired: int) -> None:
+    """Rank 0, after a checkpoint of a pipeline with joined labels is durable."""
+    for side, n in pending.items():
+        _set("streamlearn_join_pending", n, {"pipeline": pipeline, "side": side})
+    _set("streamlearn_join_expired_events", expired, {"pipeline": pipeline})
 
 
 def _refresh_age(pipeline: str) -> None:

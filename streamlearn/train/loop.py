@@ -28,7 +28,7 @@ from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
-from streamlearn.metrics import dead_by_reason, record_checkpoint, record_window
+from streamlearn.metrics import dead_by_reason, record_checkpoint, record_join, record_window
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, await_handover, broadcast
@@ -247,8 +247,11 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
         _append_history(cfg, {"version": version, "t": meta["written_at"], "workers": meta["workers"],
                               **{k: totals[k] for k in ("learned", "dead_lettered", "steps")},
                               "train_loss": metrics["train_loss"], "phases_s": metrics["phases_s"],
+                              **({"join": metrics["join"]} if "join" in metrics else {}),
                               **(extra or {}), **metrics["online"]})
         record_checkpoint(pipeline.name, version, metrics["train_loss"], metrics["online"], meta["written_at"])
+        if "join" in metrics:  # expiry is counted and shown, never silent
+            record_join(pipeline.name, meta["join"]["pending"], metrics["join"]["expired"])
         log("checkpoint", pipeline=pipeline.name, rank=0, version=version, learned=totals["learned"],
             dead_lettered=totals["dead_lettered"], online=metrics["online"], train_loss=metrics["train_loss"])
 

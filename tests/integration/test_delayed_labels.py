@@ -86,6 +86,9 @@ def assert_joined_exactly_once(settings, cfg) -> dict:
     assert (counters["learned"], counters["fingerprint"]) == (joined, joined_fp % FINGERPRINT_MOD)
     assert (counters["dead_lettered"], counters["labels_dead_lettered"], counters["expired"]) == (bad, 0, 0)
     assert meta["join"]["pending"] == {"events": valid - joined, "labels": 0}
+    # What waits and what expired is shown with every checkpoint (history, status, metrics), never silent.
+    last = json.loads((run_dir(cfg) / "history.jsonl").read_text().splitlines()[-1])
+    assert last["version"] == meta["version"] and last["join"] == {"events": valid - joined, "labels": 0, "expired": 0}
     assert 0.05 * valid < valid - joined < 0.15 * valid  # the unlabelled tenth waits
     keys = dead_letter_keys(settings, cfg.dlq_topic)
     assert len(keys) == len(set(keys)) == bad

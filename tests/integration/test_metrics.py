@@ -238,7 +238,9 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
             assert gauge(url, name) is not None, name
 
         # every catalogue metric is in Prometheus, but the two a resize records (none with fixed workers)
-        resize_only = {"streamlearn_resizes", "streamlearn_resize_pause_seconds"}
+        # and the join's (a pipeline with inline labels has none)
+        resize_only = {"streamlearn_resizes", "streamlearn_resize_pause_seconds", "streamlearn_join_pending",
+                       "streamlearn_join_expired_events"}
         absent = [n for n in metrics.CATALOGUE if n not in resize_only
                   and not query(url, f'last_over_time({names[n]}{{pipeline="{PIPELINE}"}}[10m])')]
         assert not absent, absent
