@@ -281,7 +281,8 @@ class ScaleController:
                 "checkpoint": None if meta is None else {
                     "version": meta["version"], "written_at": meta.get("written_at"),
                     "online": meta.get("metrics", {}).get("online", {}),
-                    "ingest": meta.get("metrics", {}).get("ingest", {})},
+                    "ingest": meta.get("metrics", {}).get("ingest", {}),
+                    "join": meta.get("metrics", {}).get("join")},
                 "resizing": self.resizer.state(), "resizes": list(self.resizes)}
 
     def _provision(self, workers: int) -> None:

@@ -89,6 +89,11 @@ def _training(snap: dict | None, now: float, problem: str | None) -> Table:
         table.add_row("online metric", _metric(cp.get("online")))
         if cp.get("ingest"):
             table.add_row("ingest", _ingest(cp["ingest"]))
+        if cp.get("join"):  # joined labels: what waits, what left unlabelled
+            join = cp["join"]
+            table.add_row("labels", f"joined from the labels topic: {_int(join.get('events'))} events and "
+                                    f"{_int(join.get('labels'))} labels waiting, {_int(join.get('expired'))} "
+                                    "events expired unlabelled (lineage)")
     else:
         table.add_row("checkpoint", "none yet")
     going = snap.get("resizing")

@@ -56,6 +56,14 @@ def test_status_names_the_ray_data_pipeline_and_its_work():
     assert "40 slices, read 0.31 s, decode 2.50 s" in flat, flat
 
 
+def test_status_shows_what_waits_in_the_join_of_delayed_labels():
+    join = {"events": 1234, "labels": 5, "expired": 67}
+    snapshot = SNAPSHOT | {"checkpoint": {**SNAPSHOT["checkpoint"], "join": join}}
+    flat = " ".join(render_text(snapshot, MODEL, now=NOW).split())
+    assert "1,234 events and 5 labels waiting, 67 events expired unlabelled" in flat, flat
+    assert "labels waiting" not in " ".join(render_text(SNAPSHOT, MODEL, now=NOW).split())  # inline labels
+
+
 def test_status_without_any_source_says_unavailable_with_hints():
     problems = {"controller": "no Ray cluster at --address auto; start one with `make demo`",
                 "scorer": "no scorer answers at http://127.0.0.1:8000; start one with `streamlearn serve up`"}
