@@ -122,41 +122,14 @@ class WorkerStream:
         """Joined labels: this window's events wait for their labels and its labels find their
         events (labelled.py); the batch is what joined, with the bad and unjoined labels."""
         spec = self.pipeline.labels
-        partitions = np.fromiter((messages[i].partition() for i in kept), np.int32, len(kept))
-        t = np.fromiter((messages[i].timestamp()[1] for i in kept), np.float64, len(kept)) / 1000.0
         keys = join_keys(e[spec.key] for e in events)
-        kept_at = np.asarray(kept, np.int64)
-        by_partition = {}
-        for p in np.unique(partitions).tolist():
-            rows = np.flatnonzero(partitions == p)
-
-            def message(row: int, at=kept_at[rows]) -> Message:  # only for a dead letter: rare
-                i = int(at[row])
-                return Message(messages[i].partition(), messages[i].offset(), values[i])
-
-            by_partition[p] = Events(keys[rows], x[rows], crcs[rows], t[rows], message)
         label_values = [m.value() for m in label_messages]
         found, lkept, lbad = spec.schema.decode_many(label_values)
         bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), label_values[i]), reason)
                       for i, reason in sorted(lbad)]
-        labels = {}
-        if lkept:
-            lparts = np.fromiter((label_messages[i].partition() for i in lkept), np.int32, len(lkept))
-            lkeys, targets = join_keys(m[spec.key] for m in found), self.pipeline.label_targets(found)
-            lt = np.fromiter((label_messages[i].timestamp()[1] for i in lkept), np.float64, len(lkept)) / 1000.0
-            lkept_at = np.asarray(lkept, np.int64)
-            for p in np.unique(lparts).tolist():
-                at = lkept_at[np.flatnonzero(lparts == p)]
-
-                def offsets(rows: np.ndarray, at=at) -> list[int]:
-                    return [label_messages[i].offset() for i in at[rows].tolist()]
-
-                def raw(rows: np.ndarray, at=at) -> list[bytes]:
-                    return [label_values[i] for i in at[rows].tolist()]
-
-                rows = np.flatnonzero(lparts == p)
-                labels[p] = Labels(lkeys[rows], targets[rows], offsets, raw, lt[rows])
-        out = self.join.window(by_partition, labels)
+        labels = _labels_by_partition(label_messages, label_values, lkept, join_keys(m[spec.key] for m in found),
+                                      self.pipeline.label_targets(found))
+        out = self.join.window(_events_by_partition(messages, values, kept, keys, x, crcs), labels)
         features = np.concatenate([x[:0], *out.features])
         targets = np.concatenate([np.empty(0, np.float32), *out.targets])
         crcs = np.concatenate([np.empty(0, np.uint32), *out.crcs])
@@ -192,6 +165,48 @@ class Deferred:
         if self._batch is None:
             self._batch = self._read(self._window)
         return self._batch
+
+
+def _by_partition(messages: list, kept: list[int]):
+    """(partition, rows of `kept` in it, their Kafka timestamps in s, `kept` as an array), per partition."""
+    partitions = np.fromiter((messages[i].partition() for i in kept), np.int32, len(kept))
+    t = np.fromiter((messages[i].timestamp()[1] for i in kept), np.float64, len(kept)) / 1000.0
+    kept_at = np.asarray(kept, np.int64)
+    for p in np.unique(partitions).tolist():
+        rows = np.flatnonzero(partitions == p)
+        yield p, rows, t[rows], kept_at
+
+
+def _events_by_partition(messages: list, values: list[bytes], kept: list[int], keys: np.ndarray, x: np.ndarray,
+                         crcs: np.ndarray) -> dict[int, Events]:
+    """A window's valid events split by partition, with their Kafka timestamps (s)."""
+    out = {}
+    for p, rows, t, kept_at in _by_partition(messages, kept):
+
+        def message(row: int, at=kept_at[rows]) -> Message:  # only for a dead letter: rare
+            i = int(at[row])
+            return Message(messages[i].partition(), messages[i].offset(), values[i])
+
+        out[p] = Events(keys[rows], x[rows], crcs[rows], t, message)
+    return out
+
+
+def _labels_by_partition(messages: list, values: list[bytes], kept: list[int], keys: np.ndarray,
+                         targets: np.ndarray) -> dict[int, Labels]:
+    """A window's valid labels split by partition. Offsets and bytes are looked up only for the
+    labels that wait or leave unjoined (most join at once)."""
+    out = {}
+    for p, rows, t, kept_at in _by_partition(messages, kept):
+        at = kept_at[rows]
+
+        def offsets(wanted: np.ndarray, at=at) -> list[int]:
+            return [messages[i].offset() for i in at[wanted].tolist()]
+
+        def raw(wanted: np.ndarray, at=at) -> list[bytes]:
+            return [values[i] for i in at[wanted].tolist()]
+
+        out[p] = Labels(keys[rows], targets[rows], offsets, raw, t)
+    return out
 
 
 def _n_features(pipeline: Pipeline) -> int:
