@@ -1,0 +1,63 @@
+"""Quality of what was served (issue 16): the answers callers got, joined with the labels that
+came later, per served model version.
+
+The trainer's online metric is measured on its own batches; what an operator trusts is how the
+answers callers acted on turned out. Those answers (event id, model version, score, time) meet
+their labels, hours or weeks later, in the same join state as the trainer's (`ingest/join.py`:
+both sides wait, bounded by a TTL and a cap, expiry counted), and each joined pair lands in the
+sliding window of the version that gave the answer. An event scored twice (a client's retry)
+counts once, with its first answer.
+
+This is the evaluator's core, tested on its own; the scorer publishing its answers to
+`<topic>.scores` and the process that feeds this from both topics are the next step (issue 16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from streamlearn.ingest.join import Joined, JoinState, join_keys
+from streamlearn.train.prequential import SlidingWindow, summarize
+
+
+class ServedQuality:
+    def __init__(self, task: str, window: int = 5_000, ttl_s: float = 7 * 86_400.0, max_pending: int = 1_000_000):
+        self.task, self.window = task, window
+        # An answer waits as an "event" whose two features are its score and its version.
+        self.join = JoinState(2, ttl_s, max_pending)
+        self.windows: dict[int, SlidingWindow] = {}
+        self.joined: dict[int, int] = {}  # version -> answers joined with their label, ever
+
+    def add_answers(self, ids: Iterable[str], versions: np.ndarray, scores: np.ndarray, t) -> int:
+        """Answers given at `t` (seconds, one or one per answer); returns how many met a waiting label."""
+        keys = join_keys(ids)
+        answers = np.column_stack([np.asarray(scores, np.float32), np.asarray(versions, np.float32)])
+        return self._record(self.join.add_events(keys, answers.reshape(len(keys), 2),
+                                                 np.zeros(len(keys), np.uint32), t))
+
+    def add_labels(self, ids: Iterable[str], targets: np.ndarray, t) -> int:
+        """Labels that came at `t`; returns how many met a waiting answer."""
+        keys = join_keys(ids)
+        n = len(keys)
+        return self._record(self.join.add_labels(keys, np.asarray(targets, np.float32), np.zeros(n, np.int32),
+                                                 np.zeros(n, np.int64), t))
+
+    def expire(self, now: float) -> dict[str, int]:
+        """Drop answers and labels that waited past the TTL or the cap; the counts so far, by side and reason."""
+        self.join.expire(now)
+        return dict(self.join.expired)
+
+    def _record(self, joined: Joined) -> int:
+        scores, versions = joined.features[:, 0].astype(np.float64), joined.features[:, 1].astype(np.int64)
+        for version in np.unique(versions).tolist():
+            mine = versions == version
+            self.windows.setdefault(version, SlidingWindow(self.window)).add(scores[mine], joined.targets[mine])
+            self.joined[version] = self.joined.get(version, 0) + int(mine.sum())
+        return joined.size
+
+    def summary(self) -> dict[int, dict]:
+        """Per version: the task's metrics over its window of labelled answers, and how many joined ever."""
+        return {version: {**summarize(self.task, *w.arrays()), "joined": self.joined[version]}
+                for version, w in sorted(self.windows.items())}

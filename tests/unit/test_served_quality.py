@@ -1,0 +1,46 @@
+"""Served quality (streamlearn/observe/quality.py): answers joined with their later labels, per
+served version, whichever comes first; a retried answer counts once; what never meets its other
+half expires counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamlearn.observe.quality import ServedQuality
+
+
+def test_each_version_is_judged_on_the_answers_it_gave():
+    rng = np.random.default_rng(0)
+    truth = rng.random(4000) < 0.3
+    ids = [f"e{i}" for i in range(4000)]
+    good = np.where(truth, rng.uniform(0.6, 1.0, 4000), rng.uniform(0.0, 0.4, 4000))  # v2 separates the classes
+    noise = rng.random(4000)  # v1 does not
+    versions = np.where(np.arange(4000) < 2000, 1, 2)
+    quality = ServedQuality("classification")
+    assert quality.add_answers(ids, versions, np.where(versions == 1, noise, good), t=0.0) == 0
+    assert quality.add_labels(ids, truth.astype(np.float32), t=3600.0) == 4000  # an hour later
+    summary = quality.summary()
+    assert summary[1]["joined"] == summary[2]["joined"] == 2000
+    assert summary[2]["auc"] == pytest.approx(1.0) and abs(summary[1]["auc"] - 0.5) < 0.05
+    assert summary[2]["logloss"] < summary[1]["logloss"]
+
+
+def test_a_label_read_before_its_answer_waits_for_it_and_a_retry_counts_once():
+    quality = ServedQuality("classification")
+    assert quality.add_labels(["a", "b"], np.array([1.0, 0.0]), t=0.0) == 0
+    assert quality.add_answers(["a", "a", "b"], np.array([3, 4, 3]), np.array([0.9, 0.8, 0.2]), t=1.0) == 2
+    summary = quality.summary()
+    assert list(summary) == [3] and summary[3]["joined"] == 2 and summary[3]["auc"] == 1.0
+    assert quality.join.duplicates["events"] == 0  # the retry found the label taken, and now waits alone
+    assert quality.join.pending == {"events": 1, "labels": 0}
+
+
+def test_the_window_slides_and_what_never_met_expires_counted():
+    quality = ServedQuality("regression", window=100, ttl_s=10.0)
+    ids = [f"e{i}" for i in range(300)]
+    quality.add_answers(ids, np.full(300, 7), np.zeros(300), t=0.0)
+    quality.add_labels(ids[:250], np.r_[np.full(150, 5.0), np.ones(100)], t=1.0)
+    summary = quality.summary()[7]
+    assert summary["window"] == 100 and summary["joined"] == 250 and summary["mae"] == pytest.approx(1.0)
+    assert quality.expire(now=20.0) == {"events.ttl": 50}  # 50 answers never labelled
