@@ -434,8 +434,8 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
                 _produce(producer, topic, value, key, partition, failures)
                 per_partition[partition] += 1
                 sent += 1
-            if label_queue is not None:
-                label_queue.add(*labelled, sent_at=now)
+            if label_queue is not None:  # delays count from when the chunk's last event went, not from `now`:
+                label_queue.add(*labelled, sent_at=time.monotonic())  # a slow chunk must not shorten them
             producer.poll(0)
             if failures:
                 raise KafkaUnavailable(f"Kafka at {bootstrap} did not take events: {failures[0]}")

@@ -24,11 +24,19 @@ def _ends_soon(ref, within_s: float) -> int:
     return ray.get(ref)
 
 
+def _lanes(feed, within_s: float) -> dict:
+    deadline = time.monotonic() + within_s
+    while not (lanes := ray.get(feed.state.remote())["lanes"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert lanes, f"no lane asked the feed for a window within {within_s:.0f} s"
+    return lanes
+
+
 def test_a_lane_waiting_for_its_next_window_ends_with_its_feed(kafka_settings, ray_cluster, topic):
     feed = WindowFeed.remote()
     lane = _lane.remote(kafka_settings, topic, feed, 2.0)
-    time.sleep(3)  # the lane is asking for a window no one feeds
-    assert ray.get(feed.state.remote())["lanes"][0]["after"] is None
+    # The lane is asking for a window no one feeds (once its task has started: seconds on a busy machine).
+    assert _lanes(feed, within_s=60)[0]["after"] is None
     ray.kill(feed)
     assert _ends_soon(lane, 30) == 0
 
@@ -37,6 +45,7 @@ def test_a_lane_waiting_on_kafka_ends_with_its_feed(kafka_settings, ray_cluster,
     feed = WindowFeed.remote()
     ray.get(feed.put.remote(Window(seq=1, ranges={0: (0, 10)})))  # ten events that are never written
     lane = _lane.remote(kafka_settings, topic, feed, 2.0)
+    _lanes(feed, within_s=60)
     time.sleep(5)  # past one fetch timeout: the lane found its feed alive and reads on
     ready, _ = ray.wait([lane], timeout=0)
     assert not ready, "a lane gave up on a window while its group lived"
