@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from pipelines.banking import N_CATEGORICAL, TRANSACTION, column, with_categoricals
+from pipelines.banking import N_CATEGORICAL, TRANSACTION, categorical_columns, column, with_categoricals
 from streamlearn.pipeline import Pipeline
 
 
@@ -22,6 +22,7 @@ class Amount(Pipeline):
     schema = TRANSACTION
     learning_rate = 3e-3
     n_features = 3 + N_CATEGORICAL
+    drift_inputs = {"customer_age": 0, "account_tenure_days": 1, "card_present": 2, **categorical_columns(3)}
 
     def features(self, events: list[dict[str, Any]]) -> np.ndarray:
         numeric = np.stack([

@@ -70,6 +70,12 @@ CATEGORICAL = (("currency", CURRENCIES), ("merchant_category", MERCHANT_CATEGORI
 N_CATEGORICAL = sum(len(vocabulary) for _, vocabulary in CATEGORICAL)
 
 
+def categorical_columns(start: int) -> dict[str, int]:
+    """`field=value` -> its column in the one-hot blocks that `with_categoricals` puts at `start`."""
+    names = [f"{name}={value}" for name, vocabulary in CATEGORICAL for value in vocabulary]
+    return {name: start + i for i, name in enumerate(names)}
+
+
 def with_categoricals(numeric: np.ndarray, events: list[dict[str, Any]]) -> np.ndarray:
     """Numeric columns followed by a one-hot block per categorical field, as float32."""
     blocks = [one_hot([e[name] for e in events], vocabulary) for name, vocabulary in CATEGORICAL]

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from pipelines.banking import N_CATEGORICAL, TRANSACTION, column, hour_of_day, with_categoricals
+from pipelines.banking import N_CATEGORICAL, TRANSACTION, categorical_columns, column, hour_of_day, with_categoricals
 from streamlearn.pipeline import Pipeline
 
 
@@ -18,6 +18,9 @@ class Fraud(Pipeline):
     schema = TRANSACTION
     learning_rate = 3e-3
     n_features = 7 + N_CATEGORICAL
+    # Watched for drift: all but the hour of day (columns 4-6), which cycles by design.
+    drift_inputs = {"amount": 0, "customer_age": 1, "account_tenure_days": 2, "card_present": 3,
+                    **categorical_columns(7)}
 
     def features(self, events: list[dict[str, Any]]) -> np.ndarray:
         hour = hour_of_day(events)

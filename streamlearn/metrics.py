@@ -55,6 +55,11 @@ CATALOGUE: dict[str, Spec] = {
                                               "checkpoint", ("pipeline", "side")),
     "streamlearn_join_expired_events": Spec("gauge", "Events of the lineage that left the join without a "
                                                      "label within the TTL", _P),
+    # drift (rank 0's detectors, streamlearn/train/drift.py)
+    "streamlearn_drift_alarms": Spec("counter", "Drift alarms, by kind (error, input, positive) and signal",
+                                     ("pipeline", "kind", "signal")),
+    "streamlearn_drift_last_alarm_timestamp_seconds": Spec("gauge", "Unix time of the newest drift alarm, by kind",
+                                                           ("pipeline", "kind")),
     # the scale controller
     "streamlearn_consumer_lag": Spec("gauge", "Events behind the consumer group's committed offset",
                                      ("pipeline", "partition")),
@@ -273,6 +278,14 @@ def record_join(pipeline: str, pending: dict[str, int], expired: int) -> None:
     for side, n in pending.items():
         _set("streamlearn_join_pending", n, {"pipeline": pipeline, "side": side})
     _set("streamlearn_join_expired_events", expired, {"pipeline": pipeline})
+
+
+@_guard
+def record_drift(pipeline: str, signal: str, at: float) -> None:
+    """Rank 0, as a drift detector fires: `signal` is error.*, input.<feature> or positive.<feature>."""
+    kind = signal.split(".", 1)[0]
+    _inc("streamlearn_drift_alarms", 1, {"pipeline": pipeline, "kind": kind, "signal": signal})
+    _set("streamlearn_drift_last_alarm_timestamp_seconds", at, {"pipeline": pipeline, "kind": kind})
 
 
 def _refresh_age(pipeline: str) -> None:

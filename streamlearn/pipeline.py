@@ -57,6 +57,9 @@ class Pipeline(ABC):
     # None: each event carries its own target (`targets`). JoinedLabels: the target comes later
     # on its own topic and `label_targets` reads it from the label messages.
     labels: ClassVar[JoinedLabels | None] = None
+    # Feature columns the drift detectors watch (train/drift.py), by the name alarms give them.
+    # None: every column, as x0, x1, ...; {}: none. Leave out what moves by design (time of day).
+    drift_inputs: ClassVar[dict[str, int] | None] = None
 
     @abstractmethod
     def features(self, events: list[dict[str, Any]]) -> np.ndarray:

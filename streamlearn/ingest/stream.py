@@ -68,7 +68,7 @@ class WorkerStream:
         spec = pipeline.labels
         self.label_topic = topic + spec.suffix if spec else None
         self.label_reader = RangeReader(settings, self.label_topic, group_id) if spec else None
-        self.join = LabelJoin(spec, _n_features(pipeline), len(self.reader.partitions())) if spec else None
+        self.join = LabelJoin(spec, feature_width(pipeline), len(self.reader.partitions())) if spec else None
 
     lookahead = 1  # windows planned and reading beyond the one being learned
 
@@ -209,7 +209,7 @@ def _labels_by_partition(messages: list, values: list[bytes], kept: list[int], k
     return out
 
 
-def _n_features(pipeline: Pipeline) -> int:
+def feature_width(pipeline: Pipeline) -> int:
     """Columns of the pipeline's feature matrix (the join state's row width)."""
     x0, _, _, _ = featurize(pipeline, [], [], [])
     return int(np.asarray(x0).shape[1])

@@ -25,16 +25,17 @@ import torch.distributed as dist
 
 from streamlearn import faults
 from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream
+from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream, feature_width
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
-from streamlearn.metrics import dead_by_reason, record_checkpoint, record_join, record_window
+from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, await_handover, broadcast
+from streamlearn.train.drift import Alarm, Watch, for_pipeline
 from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.phases import Phases, trace_allreduce
-from streamlearn.train.prequential import SlidingWindow, summarize
+from streamlearn.train.prequential import summarize
 from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005
@@ -90,7 +91,8 @@ def train_loop_per_worker(config: dict) -> None:
                                config.get("consumed_at_start", 0)) if rank == 0 else None
     writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit) if rank == 0 else None
     reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
-    recent = SlidingWindow(cfg.metric_window)
+    recent = Watch(cfg.metric_window, for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 else None,
+                   lambda alarm: _drift_alarm(pipeline, alarm))
     delta, loss_sum, overhead_ms = Counters(), 0.0, []
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
         positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
@@ -156,7 +158,7 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def learn(model, optimizer, pipeline: Pipeline, batch: Batch, cfg: TrainConfig, rank: int, device,
-          recent: SlidingWindow, phases: Phases) -> tuple[int, float, int]:
+          recent: Watch, phases: Phases) -> tuple[int, float, int]:
     """Predict-then-learn over this rank's slice, in exactly as many steps as every other rank.
     Returns (steps, summed loss, fingerprint of the rows learned)."""
     with phases("sync"):
@@ -181,7 +183,8 @@ def _steps(model, optimizer, pipeline, features, targets, crcs, chunks, totals, 
            phases: Phases) -> tuple[float, int]:
     loss_sum, learned_fp = 0.0, 0
     for idx, total in zip(chunks, totals, strict=True):
-        x, y = features[idx].to(device), targets[idx].to(device)
+        rows = features[idx]
+        x, y = rows.to(device), targets[idx].to(device)
         with phases("forward"):
             output = model(x)
             per_event = pipeline.loss(output, y)
@@ -198,13 +201,13 @@ def _steps(model, optimizer, pipeline, features, targets, crcs, chunks, totals, 
             # Into the fingerprint only once the step that used them is taken: a row trained
             # twice, or skipped, shows in the lineage's fingerprint.
             learned_fp += int(crcs[idx].sum(dtype=np.uint64))
-            recent.add(pipeline.score(output.detach()).cpu().numpy(), targets[idx].numpy())
+            recent.observe(pipeline.score(output.detach()).cpu().numpy(), targets[idx].numpy(), rows.numpy)
             loss_sum += float(per_event.detach().sum())
     return loss_sum, learned_fp % FINGERPRINT_MOD
 
 
 def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
-         loss_sum: float, recent: SlidingWindow, stream: Stream, writer: CheckpointWriter | None,
+         loss_sum: float, recent: Watch, stream: Stream, writer: CheckpointWriter | None,
          reporter: Reporter, phases: Phases, extra: dict | None = None,
          join_snapshot: dict[str, np.ndarray] | None = None) -> None:
     """All ranks: flush dead letters, sum counters, gather metric windows (and with joined labels
@@ -230,6 +233,8 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     targets = np.concatenate([w[1] for w in windows])
     metrics["online"] = summarize(pipeline.task, scores, targets)
     metrics["ingest"] = stream.ingest_stats()
+    if alarms := recent.take_alarms():
+        metrics["drift"] = [alarm.as_dict() for alarm in alarms]
     with phases("checkpoint.dead_letter_positions"):
         lineage.dlq_positions = stream.dlq_positions()
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
@@ -247,7 +252,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
         _append_history(cfg, {"version": version, "t": meta["written_at"], "workers": meta["workers"],
                               **{k: totals[k] for k in ("learned", "dead_lettered", "steps")},
                               "train_loss": metrics["train_loss"], "phases_s": metrics["phases_s"],
-                              **({"join": metrics["join"]} if "join" in metrics else {}),
+                              **{k: metrics[k] for k in ("join", "drift") if k in metrics},
                               **(extra or {}), **metrics["online"]})
         record_checkpoint(pipeline.name, version, metrics["train_loss"], metrics["online"], meta["written_at"])
         if "join" in metrics:  # expiry is counted and shown, never silent
@@ -286,6 +291,12 @@ class Startup:
             return None
         self._taken = True
         return dict(self.marks)
+
+
+def _drift_alarm(pipeline: Pipeline, alarm: Alarm) -> None:
+    """Rank 0, as a detector fires: logged and counted now, in the next checkpoint's history row."""
+    record_drift(pipeline.name, alarm.signal, time.time())
+    log("drift_detected", pipeline=pipeline.name, rank=0, **alarm.as_dict())
 
 
 def _stream_class(cfg: TrainConfig):

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pipelines.fraud import Fraud
+from streamlearn.train.drift import Watch
 from streamlearn.train.loop import _steps
 from streamlearn.train.phases import Phases
-from streamlearn.train.prequential import SlidingWindow
 
 SIZES = (300, 100)
 
@@ -38,7 +38,7 @@ def _rank(rank: int, init: str, out: str) -> None:
     model = torch.nn.parallel.DistributedDataParallel(_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     _steps(model, optimizer, Fraud(), x, y, np.zeros(len(y), dtype=np.uint32), [np.arange(len(y))], [sum(SIZES)],
-           2, torch.device("cpu"), SlidingWindow(1000), Phases(rank))
+           2, torch.device("cpu"), Watch(1000), Phases(rank))
     if rank == 0:
         torch.save(model.module.state_dict(), out)
     dist.destroy_process_group()

@@ -13,7 +13,7 @@ import numpy as np
 from load.generator import BankingSimulator, encode_batch
 from load.labels import encode_label
 from streamlearn.ingest.labelled import LabelJoin
-from streamlearn.ingest.stream import WorkerStream, _n_features, featurize
+from streamlearn.ingest.stream import WorkerStream, feature_width, featurize
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train.phases import Phases
@@ -41,7 +41,7 @@ class Msg:
 def _stream() -> WorkerStream:
     stream = object.__new__(WorkerStream)  # the joining half only: no Kafka
     stream.pipeline, stream.rank, stream.world, stream.phases = load_pipeline("fraud_delayed"), 0, 1, Phases(0)
-    stream.join = LabelJoin(stream.pipeline.labels, _n_features(stream.pipeline), 2)
+    stream.join = LabelJoin(stream.pipeline.labels, feature_width(stream.pipeline), 2)
     return stream
 
 

@@ -1,0 +1,152 @@
+"""Drift: the trainer raises a hand when the world its model learned moves (issue 16).
+
+Rank 0 watches the events it trains on with river's ADWIN (an adaptive window that finds the
+point where a stream's mean changed, with a false-alarm bound `delta`), one detector per signal:
+
+- **error** — how wrong the model was on events it had not yet learned (each is scored before
+  its step): for regression the mean |score - target|; for classification, split by class since
+  fraud is rare and its base rate follows the hour of day: "error.negative" is the mean score of
+  legitimate events, "error.positive" the frauds' shortfall (the share of the step's legitimate
+  events scored above each: an AUC per fraud, blind to calibration). Only a rise is an alarm: the
+  error falling is the model learning.
+- **input** — the mean of each watched feature column ("input.<name>"), either way; for
+  classification also over the positive class alone ("positive.<name>"): what fraud looks like.
+  That is where a new fraud pattern shows first: frauds are 1-2 % of events, so their move
+  hardly shifts a column's overall mean, while among frauds it is plain within a few dozen.
+  A pipeline names its columns (`Pipeline.drift_inputs`); seasonal ones (the hour of day) move
+  by design and are left out.
+
+The error detectors see each training step's means; the input detectors the means over
+INPUT_EVENTS events, and the positive-class ones each fraud (they are few). An update per event
+and column would cost ~45 detector updates an event; this costs ~0.5 µs an event on rank 0
+(DECISIONS §21 has the figures).
+
+An alarm is logged, counted in Prometheus (deploy/prometheus/alerts.yml turns it into an alert),
+kept in the checkpoint's history and drawn on the report. Training goes on: the model adapts,
+which is the point of learning online.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from river.drift import ADWIN
+
+from streamlearn.errors import PipelineError
+from streamlearn.pipeline import Pipeline
+from streamlearn.train.prequential import SlidingWindow
+
+INPUT_EVENTS = 1024  # events per update of the overall input detectors
+POSITIVES = 1  # frauds per update of the positive-class detectors: each, as they are few
+ERROR_DELTA = 0.002  # river's default
+INPUT_DELTA = 1e-4  # tens of columns, each a chance of a false alarm: a stricter bound for each
+
+
+@dataclass(frozen=True)
+class Alarm:
+    signal: str  # "error", "error.positive", "error.negative", "input.<feature>" or "positive.<feature>"
+    before: float  # the signal's mean over the detector's window before the change ...
+    after: float  # ... and since it
+    events: int  # events this monitor had seen when it fired
+
+    def as_dict(self) -> dict:
+        return {"signal": self.signal, "before": round(self.before, 5), "after": round(self.after, 5),
+                "events": self.events}
+
+
+def for_pipeline(pipeline: Pipeline, width: int) -> DriftMonitor:
+    """The monitor of the columns `pipeline.drift_inputs` names (all of them when it is None)."""
+    inputs = {f"x{i}": i for i in range(width)} if pipeline.drift_inputs is None else pipeline.drift_inputs
+    outside = {name: column for name, column in inputs.items() if not 0 <= column < width}
+    if outside:
+        raise PipelineError(f"{pipeline.name}.drift_inputs names columns outside its {width} features: {outside}; "
+                            f"columns are 0..{width - 1}")
+    return DriftMonitor(pipeline.task, inputs)
+
+
+class DriftMonitor:
+    def __init__(self, task: str, inputs: dict[str, int]):
+        """`inputs`: watched feature name -> its column in the feature matrix."""
+        self.classification = task == "classification"
+        self.names = list(inputs)
+        self.columns = np.fromiter(inputs.values(), np.int64, len(inputs))
+        errors = ("error.positive", "error.negative") if self.classification else ("error",)
+        kinds = ("input", "positive") if self.classification else ("input",)
+        # clock=1: look for a change at every update (one per step, not per event).
+        self.detectors = {name: ADWIN(delta=ERROR_DELTA, clock=1) for name in errors}
+        self.detectors |= {f"{kind}.{name}": ADWIN(delta=INPUT_DELTA, clock=1) for kind in kinds for name in inputs}
+        self.events = 0
+        self._positives: list[np.ndarray] = []  # features of frauds not yet fed, fewer than POSITIVES
+        self._n_positives = 0
+        self._input_sums, self._input_n = np.zeros(len(inputs)), 0  # of the events not yet fed
+
+    def update(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray) -> list[Alarm]:
+        """One training step's events, scored before the step. Returns the alarms they raised."""
+        if len(scores) == 0:
+            return []
+        self.events += len(scores)
+        scores, inputs = scores.astype(np.float64), features[:, self.columns]
+        self._input_sums += inputs.sum(axis=0, dtype=np.float64)
+        self._input_n += len(inputs)
+        alarms = []
+        if self._input_n >= INPUT_EVENTS:
+            alarms += self._observe("input", (self._input_sums / self._input_n).tolist(), only_rise=False)
+            self._input_sums[:], self._input_n = 0.0, 0
+        if not self.classification:
+            return alarms + self._feed("error", float(np.abs(scores - targets).mean()), only_rise=True)
+        positive = targets > 0.5
+        negatives = np.sort(scores[~positive])
+        if len(negatives):
+            alarms += self._feed("error.negative", float(negatives.mean()), only_rise=True)
+        if len(negatives) and positive.any():
+            above = len(negatives) - (np.searchsorted(negatives, scores[positive], "left")
+                                      + np.searchsorted(negatives, scores[positive], "right")) / 2
+            alarms += self._feed("error.positive", float(above.mean()) / len(negatives), only_rise=True)
+        if positive.any():
+            self._positives.append(inputs[positive])
+            self._n_positives += int(positive.sum())
+        if self._n_positives >= POSITIVES:
+            means = np.concatenate(self._positives).mean(axis=0, dtype=np.float64)
+            self._positives, self._n_positives = [], 0
+            alarms += self._observe("positive", means.tolist(), only_rise=False)
+        return alarms
+
+    def _observe(self, kind: str, means: list[float], only_rise: bool) -> list[Alarm]:
+        return [alarm for name, m in zip(self.names, means, strict=True)
+                for alarm in self._feed(f"{kind}.{name}", m, only_rise)]
+
+    def _feed(self, signal: str, value: float, only_rise: bool) -> list[Alarm]:
+        detector = self.detectors[signal]
+        before = detector.estimation
+        detector.update(value)
+        if not detector.drift_detected:
+            return []
+        after = detector.estimation  # ADWIN dropped the older part: this is the mean since the change
+        return [] if only_rise and after <= before else [Alarm(signal, before, after, self.events)]
+
+
+class Watch(SlidingWindow):
+    """What a rank keeps of each step's scored events: the prequential window (every rank) and,
+    on rank 0, the drift monitor fed with the same events; alarms wait for the next checkpoint's
+    history row after `on_alarm` has logged and counted them."""
+
+    def __init__(self, size: int, drift: DriftMonitor | None = None, on_alarm: Callable[[Alarm], None] | None = None):
+        super().__init__(size)
+        self.drift, self.on_alarm = drift, on_alarm
+        self._alarms: list[Alarm] = []
+
+    def observe(self, scores: np.ndarray, targets: np.ndarray, features: Callable[[], np.ndarray]) -> None:
+        """`features` is called only where drift is watched: other ranks skip the copy."""
+        self.add(scores, targets)
+        if self.drift is None:
+            return
+        for alarm in self.drift.update(scores, targets, features()):
+            self._alarms.append(alarm)
+            if self.on_alarm:
+                self.on_alarm(alarm)
+
+    def take_alarms(self) -> list[Alarm]:
+        alarms, self._alarms = self._alarms, []
+        return alarms
