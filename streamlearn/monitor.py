@@ -29,6 +29,7 @@ from streamlearn.kafka.broker import free_port, port_in_use
 from streamlearn.procs import terminate
 
 TEMPLATE = "deploy/prometheus/prometheus.yml"
+RULES = Path("deploy/prometheus/alerts.yml")  # alerting rules the template loads (rule_files)
 DISCOVERY_NAME = "prom_metrics_service_discovery.json"  # ray._private.ray_constants, Ray 2.60
 TEMPLATE_DISCOVERY = f"/tmp/ray/{DISCOVERY_NAME}"
 DEFAULT_PORT = 9090
@@ -200,10 +201,13 @@ class Monitor:
             timeout = f"{round(self.scrape_interval_s * 800)}ms"  # must not exceed the interval
             text = re.sub(r"(?m)^(\s*(?:scrape|evaluation)_interval:) \S+", rf"\1 {interval}", text)
             text = re.sub(r"(?m)^(\s*scrape_timeout:) \S+", rf"\1 {timeout}", text)
-        fd, tmp = tempfile.mkstemp(dir=self.data_dir, suffix=".yml")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, self.config_file)
+        # The rules file goes first: the config names it, relative to the config's own folder.
+        for path, content in ((self.data_dir / RULES.name, repo_file(str(RULES)).read_text()),
+                              (self.config_file, text)):
+            fd, tmp = tempfile.mkstemp(dir=self.data_dir, suffix=".yml")
+            with os.fdopen(fd, "w") as f:
+                f.write(content)
+            os.replace(tmp, path)
 
 
 TARGETS_NAME = "ray_targets.json"

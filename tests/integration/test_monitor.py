@@ -12,7 +12,7 @@ import socket
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from streamlearn.errors import ConfigError
 from streamlearn.kafka.broker import free_port
@@ -35,6 +35,9 @@ def test_up_scrapes_discovered_targets_and_down_stops_it(tmp_path):
     registry = CollectorRegistry()
     events = Counter("streamlearn_probe_events", "probe", registry=registry)
     events.inc(7)
+    # What a trainer's drift alarm sets (streamlearn.metrics.record_drift), as Ray exports it.
+    drift = Gauge("ray_streamlearn_drift_last_alarm_timestamp_seconds", "probe", ["pipeline", "kind"],
+                  registry=registry)
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     try:
@@ -52,6 +55,11 @@ def test_up_scrapes_discovered_targets_and_down_stops_it(tmp_path):
             events.inc(3)
             assert _wait(lambda: [r for r in query(monitor.url, "streamlearn_probe_events_total")
                                   if float(r["value"][1]) == 10.0], 20)
+            # deploy/prometheus/alerts.yml is loaded, and its drift alert fires on a fresh alarm.
+            firing = 'ALERTS{alertname="StreamlearnDrift", alertstate="firing", pipeline="probe", kind="positive"}'
+            assert not query(monitor.url, firing)
+            drift.labels(pipeline="probe", kind="positive").set(time.time())
+            assert _wait(lambda: query(monitor.url, firing), 30), "StreamlearnDrift did not fire"
             pid = monitor.pid()
         finally:
             assert monitor.down()
