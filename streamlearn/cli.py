@@ -167,11 +167,17 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
 def demo(duration: float | None = typer.Option(None, help="Stop after this many seconds (default: Ctrl-C)."),
          pipeline: str = "fraud",
          home: str = typer.Option("", help="Where the broker's data and the checkpoints go "
-                                           "(default: ~/.cache/streamlearn/demo, kept between demos).")):
+                                           "(default: ~/.cache/streamlearn/demo, kept between demos)."),
+         profile: str = typer.Option("", help="The generator's load profile (constant:RATE, "
+                                              "sine:MEAN:AMP:PERIOD, ...; default sine:1500:1000:60)."),
+         drift_at: int | None = typer.Option(None, help="Event number where the fraud pattern changes "
+                                                         "(default 150,000); the demo says when training noticed.")):
     """Run the whole system locally: Kafka, Ray (dashboard), training job, scorer, load generator."""
     from streamlearn.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(duration_s=duration, pipeline=pipeline, **({"home": Path(home)} if home else {})))
+    given = {"profile": profile or None, "drift_at": drift_at, "home": Path(home) if home else None}
+    run_demo(DemoConfig(duration_s=duration, pipeline=pipeline,
+                        **{k: v for k, v in given.items() if v is not None}))
 
 
 serve_app = typer.Typer(no_args_is_help=True, help="The scoring service on Ray Serve.")

@@ -201,11 +201,16 @@ def _ray_access(dashboard: str, auth: ClientAuth) -> str:
 def watch(cfg: DemoConfig, kafka: KafkaSettings, url: str, run_dir: Path, until: float) -> None:
     """One refreshing status line: events/s in, lag, workers, model version served, online metric."""
     last_total, last_t = None, time.monotonic()
+    history, drifted_at = DriftNews(run_dir / "history.jsonl"), None
     try:
         while time.monotonic() < until:
             time.sleep(2.0)
             total = sum(end_offsets(kafka, cfg.topic).values())
             now = time.monotonic()
+            if drifted_at is None and total >= cfg.drift_at:  # ~1 % of messages are the bad events: near enough
+                drifted_at = now
+            for line in history.alarms(None if drifted_at is None else now - drifted_at):
+                sys.stdout.write(f"\r{line}\n")
             rate = 0.0 if last_total is None else (total - last_total) / (now - last_t)
             last_total, last_t = total, now
             lag = sum(consumer_lag(kafka, f"streamlearn-{cfg.pipeline}", cfg.topic).values())
@@ -222,6 +227,27 @@ def watch(cfg: DemoConfig, kafka: KafkaSettings, url: str, run_dir: Path, until:
     except KeyboardInterrupt:
         pass
     print()
+
+
+class DriftNews:
+    """The trainer's drift alarms, read from the run's history as checkpoints record them."""
+
+    def __init__(self, path: Path):
+        self.path, self.read = path, 0
+
+    def alarms(self, since_drift_s: float | None) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.read)
+                chunk = f.read()
+        except OSError:
+            return []
+        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits for the next look
+        self.read += len(complete)
+        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        when = "" if since_drift_s is None else f", ~{since_drift_s:.0f} s after the generator's drift"
+        return [f"  drift alarm, checkpoint v{row['version']}: "
+                f"{', '.join(a['signal'] for a in row['drift'])}{when}" for row in rows if row.get("drift")]
 
 
 def _served_version(url: str) -> str:

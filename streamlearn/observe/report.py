@@ -3,7 +3,8 @@
 Reads history.jsonl (one row per checkpoint), scaling.jsonl and resizes.jsonl (written by the
 scale controller, when one ran). Works on a finished run and on one still appending: a partly
 written last line is skipped. One PNG per chart plus overview.png with all of them stacked.
-Checkpoint versions are thin dotted vertical lines; resizes are dashed red ones.
+Checkpoint versions are thin dotted vertical lines; resizes are dashed red ones; drift alarms
+dash-dot orange ones, at the checkpoint that recorded them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from streamlearn.observe.runfiles import RunFiles  # noqa: E402
 
 VERSION_STYLE = dict(color="0.6", linestyle=":", linewidth=0.8, zorder=0)
 RESIZE_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.2, zorder=1)
+DRIFT_STYLE = dict(color="tab:orange", linestyle="-.", linewidth=1.2, zorder=1)
 MAX_VERSION_LABELS = 25
 
 
@@ -79,7 +81,7 @@ def _caption(run: RunFiles) -> str:
     span = f"checkpoints v{versions[0]}–v{versions[-1]}" if versions else "no checkpoint yet"
     resizes = f"{len(run.resizes)} resize{'' if len(run.resizes) == 1 else 's'}"
     return (f"{run.run_dir.name}: started {started}, {span}, {resizes}   "
-            "(dotted lines: checkpoint versions; dashed red: resizes)")
+            "(dotted lines: checkpoint versions; dashed red: resizes; dash-dot orange: drift alarms)")
 
 
 def _panel(ax: Axes, run: RunFiles, axis: _Axis, title: str, draw: Callable, label_versions: bool) -> None:
@@ -106,6 +108,18 @@ def _markers(ax: Axes, run: RunFiles, axis: _Axis, label_versions: bool) -> None
         ax.axvline(x, **RESIZE_STYLE)
         ax.annotate(f"{row.get('from', '?')}→{row.get('to', '?')}", (x, 0.02), xycoords=("data", "axes fraction"),
                     fontsize=7, color="tab:red", ha="left", va="bottom", rotation=90)
+    drifted = [r for r in run.history if r.get("drift")]  # at the checkpoint after the alarms
+    for x, row in zip(axis(drifted), drifted, strict=True):
+        ax.axvline(x, **DRIFT_STYLE)
+        if label_versions:
+            ax.annotate(drift_label(row["drift"]), (x, 0.98), xycoords=("data", "axes fraction"), fontsize=7,
+                        color="tab:orange", ha="right", va="top", rotation=90)
+
+
+def drift_label(alarms: list[dict]) -> str:
+    """A checkpoint's drift alarms in a few words: the first signal, and how many more."""
+    first = alarms[0].get("signal", "?")
+    return first if len(alarms) == 1 else f"{first} +{len(alarms) - 1}"
 
 
 def _none(ax: Axes, why: str) -> None:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from streamlearn.errors import StreamlearnError
-from streamlearn.observe.report import CHARTS, learned_rates, render_report
+from streamlearn.observe.report import CHARTS, drift_label, learned_rates, render_report
 from streamlearn.observe.runfiles import RunFiles
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -30,6 +30,10 @@ def recorded_run(run_dir, task: str = "classification", controller: bool = True)
         history.append({"version": v, "t": T0 + 5 * v, "workers": 2 if v < 12 else 3, "learned": learned,
                         "dead_lettered": v * 10, "steps": v * 40, "train_loss": 0.3 / math.sqrt(v),
                         "phases_s": {"train": 1.0}, **online})
+        if v == 15:  # a new fraud pattern: two alarms recorded by this checkpoint
+            history[-1]["drift"] = [{"signal": "positive.merchant_category=cash", "before": 0.01, "after": 0.2,
+                                     "events": 90_000}, {"signal": "positive.channel=atm", "before": 0.02,
+                                                         "after": 0.3, "events": 90_000}]
     write_jsonl(run_dir / "history.jsonl", history, truncated_tail='{"version": 25, "t": 17950001')
     if not controller:
         return
@@ -89,3 +93,9 @@ def test_report_command_prints_the_png_paths(tmp_path):
     printed = done.stdout.split()
     assert len(printed) == len(CHARTS) + 1 and all(p.endswith(".png") for p in printed)
     assert {p.rsplit("/", 1)[1] for p in printed} == {p.name for p in (tmp_path / "png").iterdir()}
+
+
+def test_drift_alarms_are_named_on_the_charts():
+    alarms = [{"signal": "positive.merchant_category=cash"}, {"signal": "positive.channel=atm"}]
+    assert drift_label(alarms) == "positive.merchant_category=cash +1"
+    assert drift_label(alarms[1:]) == "positive.channel=atm"
