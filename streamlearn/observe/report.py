@@ -108,12 +108,13 @@ def _markers(ax: Axes, run: RunFiles, axis: _Axis, label_versions: bool) -> None
         ax.axvline(x, **RESIZE_STYLE)
         ax.annotate(f"{row.get('from', '?')}→{row.get('to', '?')}", (x, 0.02), xycoords=("data", "axes fraction"),
                     fontsize=7, color="tab:red", ha="left", va="bottom", rotation=90)
-    drifted = [r for r in run.history if r.get("drift")]  # at the checkpoint after the alarms
+    drifted, last = [r for r in run.history if r.get("drift")], None  # at the checkpoint after the alarms
     for x, row in zip(axis(drifted), drifted, strict=True):
         ax.axvline(x, **DRIFT_STYLE)
-        if label_versions:
+        if label_versions and (last is None or x - last >= axis.span / axis.scale / 8):  # a burst: named once
             ax.annotate(drift_label(row["drift"]), (x, 0.98), xycoords=("data", "axes fraction"), fontsize=7,
                         color="tab:orange", ha="right", va="top", rotation=90)
+            last = x
 
 
 def drift_label(alarms: list[dict]) -> str:

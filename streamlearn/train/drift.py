@@ -47,8 +47,9 @@ INPUT_DELTA = 1e-4  # tens of columns, each a chance of a false alarm: a stricte
 @dataclass(frozen=True)
 class Alarm:
     signal: str  # "error", "error.positive", "error.negative", "input.<feature>" or "positive.<feature>"
-    before: float  # the signal's mean over the detector's window before the change ...
-    after: float  # ... and since it
+    before: float  # the signal's mean over the detector's window before the alarm ...
+    after: float  # ... and over the newer part ADWIN kept when it cut the window (it may still hold
+    # much from before the change: ADWIN cuts where the difference is proven, not where it began)
     events: int  # events this monitor had seen when it fired
 
     def as_dict(self) -> dict:
@@ -123,7 +124,7 @@ class DriftMonitor:
         detector.update(value)
         if not detector.drift_detected:
             return []
-        after = detector.estimation  # ADWIN dropped the older part: this is the mean since the change
+        after = detector.estimation  # ADWIN dropped the older part: the mean of the newer part it kept
         return [] if only_rise and after <= before else [Alarm(signal, before, after, self.events)]
 
 
