@@ -168,22 +168,23 @@ class Deferred:
 
 
 def _by_partition(messages: list, kept: list[int]):
-    """(partition, rows of `kept` in it, their Kafka timestamps in s, `kept` as an array), per partition."""
+    """Per partition: (partition, its rows of `kept`, their indexes in `messages`, their Kafka
+    timestamps in s)."""
     partitions = np.fromiter((messages[i].partition() for i in kept), np.int32, len(kept))
     t = np.fromiter((messages[i].timestamp()[1] for i in kept), np.float64, len(kept)) / 1000.0
     kept_at = np.asarray(kept, np.int64)
     for p in np.unique(partitions).tolist():
         rows = np.flatnonzero(partitions == p)
-        yield p, rows, t[rows], kept_at
+        yield p, rows, kept_at[rows], t[rows]
 
 
 def _events_by_partition(messages: list, values: list[bytes], kept: list[int], keys: np.ndarray, x: np.ndarray,
                          crcs: np.ndarray) -> dict[int, Events]:
     """A window's valid events split by partition, with their Kafka timestamps (s)."""
     out = {}
-    for p, rows, t, kept_at in _by_partition(messages, kept):
+    for p, rows, at, t in _by_partition(messages, kept):
 
-        def message(row: int, at=kept_at[rows]) -> Message:  # only for a dead letter: rare
+        def message(row: int, at=at) -> Message:  # only for a dead letter: rare
             i = int(at[row])
             return Message(messages[i].partition(), messages[i].offset(), values[i])
 
@@ -196,8 +197,7 @@ def _labels_by_partition(messages: list, values: list[bytes], kept: list[int], k
     """A window's valid labels split by partition. Offsets and bytes are looked up only for the
     labels that wait or leave unjoined (most join at once)."""
     out = {}
-    for p, rows, t, kept_at in _by_partition(messages, kept):
-        at = kept_at[rows]
+    for p, rows, at, t in _by_partition(messages, kept):
 
         def offsets(wanted: np.ndarray, at=at) -> list[int]:
             return [messages[i].offset() for i in at[wanted].tolist()]

@@ -16,9 +16,9 @@ point where a stream's mean changed, with a false-alarm bound `delta`), one dete
   A pipeline names its columns (`Pipeline.drift_inputs`); seasonal ones (the hour of day) move
   by design and are left out.
 
-The error detectors see each training step's means; the input detectors the means over
-INPUT_EVENTS events, and the positive-class ones each fraud (they are few). An update per event
-and column would cost ~45 detector updates an event; this costs ~0.5 µs an event on rank 0
+The error and positive-class detectors see each training step's means (a step holds a few
+frauds); the overall input detectors the means over INPUT_EVENTS events. An update per event and
+column would cost ~45 detector updates an event; this costs ~0.5 µs an event on rank 0
 (DECISIONS §21 has the figures).
 
 An alarm is logged, counted in Prometheus (deploy/prometheus/alerts.yml turns it into an alert),
@@ -39,7 +39,6 @@ from streamlearn.pipeline import Pipeline
 from streamlearn.train.prequential import SlidingWindow
 
 INPUT_EVENTS = 1024  # events per update of the overall input detectors
-POSITIVES = 1  # frauds per update of the positive-class detectors: each, as they are few
 ERROR_DELTA = 0.002  # river's default
 INPUT_DELTA = 1e-4  # tens of columns, each a chance of a false alarm: a stricter bound for each
 
@@ -79,8 +78,6 @@ class DriftMonitor:
         self.detectors = {name: ADWIN(delta=ERROR_DELTA, clock=1) for name in errors}
         self.detectors |= {f"{kind}.{name}": ADWIN(delta=INPUT_DELTA, clock=1) for kind in kinds for name in inputs}
         self.events = 0
-        self._positives: list[np.ndarray] = []  # features of frauds not yet fed, fewer than POSITIVES
-        self._n_positives = 0
         self._input_sums, self._input_n = np.zeros(len(inputs)), 0  # of the events not yet fed
 
     def update(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray) -> list[Alarm]:
@@ -105,13 +102,9 @@ class DriftMonitor:
             above = len(negatives) - (np.searchsorted(negatives, scores[positive], "left")
                                       + np.searchsorted(negatives, scores[positive], "right")) / 2
             alarms += self._feed("error.positive", float(above.mean()) / len(negatives), only_rise=True)
-        if positive.any():
-            self._positives.append(inputs[positive])
-            self._n_positives += int(positive.sum())
-        if self._n_positives >= POSITIVES:
-            means = np.concatenate(self._positives).mean(axis=0, dtype=np.float64)
-            self._positives, self._n_positives = [], 0
-            alarms += self._observe("positive", means.tolist(), only_rise=False)
+        if positive.any():  # frauds are few: every step that has one feeds their means
+            alarms += self._observe("positive", inputs[positive].mean(axis=0, dtype=np.float64).tolist(),
+                                    only_rise=False)
         return alarms
 
     def _observe(self, kind: str, means: list[float], only_rise: bool) -> list[Alarm]:
