@@ -193,16 +193,28 @@ def serve_up(pipeline: str = "fraud",
                                                 "to the moment every replica switches to it (0: at once)."),
              address: str = typer.Option("auto", help="Ray cluster to deploy on ('auto': the running one)."),
              timeline: str = typer.Option("", help="Each replica traces its model swaps to PATH.scorer-<pid>.json "
-                                                   "(merge with the training's: `streamlearn timeline merge`).")):
+                                                   "(merge with the training's: `streamlearn timeline merge`)."),
+             scores_topic: str = typer.Option("", help="Publish every answer to this topic (usually "
+                                                       "<topic>.scores) for `streamlearn evaluate`; created if "
+                                                       "missing. Default: answers are not published."),
+             bootstrap: str | None = BOOTSTRAP):
     """Deploy the scorer on a running Ray cluster; it follows the newest checkpoint."""
     import ray
 
     from streamlearn.serve import ServeConfig, deploy
 
+    scores_bootstrap = ""
+    if scores_topic:
+        from streamlearn.kafka.admin import ensure_topics
+
+        kafka = _kafka(bootstrap)
+        ensure_topics(kafka, {scores_topic: 1})
+        scores_bootstrap = kafka.bootstrap
     ray.init(address=address, configure_logging=False)
     print(deploy(ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name, host=host,
                              port=port, min_replicas=min_replicas, max_replicas=max_replicas,
-                             swap_delay_s=swap_delay_s, timeline=str(Path(timeline).resolve()) if timeline else "")))
+                             swap_delay_s=swap_delay_s, timeline=str(Path(timeline).resolve()) if timeline else "",
+                             scores_topic=scores_topic, scores_bootstrap=scores_bootstrap)))
 
 
 @serve_app.command("rollback")
@@ -254,16 +266,46 @@ def report(run_dir: Path | None = typer.Argument(None, help="Run directory (defa
 
 
 @app.command()
+def evaluate(pipeline: str = "fraud", bootstrap: str | None = BOOTSTRAP, topic: str = "transactions",
+             checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="Where served.jsonl goes: "
+                                                                                 "CHECKPOINT_DIR/RUN_NAME."),
+             run_name: str = "",
+             window: int = typer.Option(5000, help="Labelled answers per sliding window."),
+             every: float = typer.Option(5.0, help="Seconds between rows of served.jsonl (and metric updates)."),
+             lookback: float | None = typer.Option(None, help="Seconds of both topics re-read at start "
+                                                               "(default: the label TTL, at most an hour)."),
+             duration: float | None = typer.Option(None, help="Stop after this many seconds (default: never).")):
+    """Quality of what was served: the answers on <topic>.scores joined with their labels, per version.
+    Run it as a Ray job (`ray job submit -- streamlearn evaluate ...`) for its Prometheus metrics."""
+    import os
+
+    from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
+    from streamlearn.pipeline import load_pipeline
+
+    if os.environ.get("RAY_ADDRESS"):  # under `ray job submit`: the metrics go through Ray's agent
+        import ray
+
+        ray.init(address=os.environ["RAY_ADDRESS"], configure_logging=False, log_to_driver=False)
+    name = TrainConfig(pipeline=pipeline, run_name=run_name).run_name
+    cfg = EvaluatorConfig(topic=topic, run_dir=Path(checkpoint_dir).expanduser() / name, window=window,
+                          every_s=every, lookback_s=lookback)
+    Evaluator(load_pipeline(pipeline), _kafka(bootstrap), cfg).run(duration)
+
+
+@app.command()
 def status(address: str = typer.Option("auto", help="Ray cluster: 'auto', HOST:6379 or ray://HOST:10001."),
            pipeline: str = "fraud", run_name: str = typer.Option("", help="Run name (default: the pipeline name)."),
            serve_url: str = typer.Option("http://127.0.0.1:8000", help="The scorer (GET /model)."),
+           checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="Where the evaluator's served.jsonl "
+                                                                                "is (CHECKPOINT_DIR/RUN_NAME)."),
            once: bool = typer.Option(False, help="Print one frame and exit."),
            interval: float = typer.Option(2.0, min=0.2, help="Seconds between refreshes.")):
     """One refreshing screen: input rate, lag, workers, model version and age, online metric, scoring p99."""
     from streamlearn.observe.status import Sources, run_status
 
     name = TrainConfig(pipeline=pipeline, run_name=run_name).run_name
-    run_status(Sources(address=address, run_name=name, serve_url=serve_url), once=once, interval_s=interval)
+    run_status(Sources(address=address, run_name=name, serve_url=serve_url,
+                       run_dir=Path(checkpoint_dir).expanduser() / name), once=once, interval_s=interval)
 
 
 timeline_app = typer.Typer(no_args_is_help=True, help="The per-rank Chrome traces written by `train --timeline`.")

@@ -46,10 +46,14 @@ def run_demo(cfg: DemoConfig) -> None:
     import ray
     from ray.job_submission import JobSubmissionClient
 
+    from load.callers import call_scorer
     from load.generator import run_load
     from load.profiles import parse_profile
+    from streamlearn.pipeline import load_pipeline
     from streamlearn.serve import ServeConfig, deploy
     from streamlearn.serve import shutdown as serve_shutdown
+    from streamlearn.serve.answers import SCORES_SUFFIX
+    from streamlearn.serve.config import TOKEN_ENV
 
     checkpoints = cfg.home / "checkpoints"
     cfg.home.mkdir(parents=True, exist_ok=True)
@@ -58,7 +62,8 @@ def run_demo(cfg: DemoConfig) -> None:
         broker = EmbeddedKafka(port=9092 if not port_in_use(9092) else 0, data_dir=cfg.home / "kafka").start()
         cleanup.callback(broker.stop)
         kafka = KafkaSettings(bootstrap=broker.bootstrap)
-        ensure_topics(kafka, {cfg.topic: cfg.partitions, f"{cfg.topic}.dlq": 1})
+        scores_topic = cfg.topic + SCORES_SUFFIX
+        ensure_topics(kafka, {cfg.topic: cfg.partitions, f"{cfg.topic}.dlq": 1, scores_topic: 1})
 
         dashboard_port = cfg.dashboard_port if not port_in_use(cfg.dashboard_port) else free_port()
         ctx, prometheus = start_ray(dashboard_port, cfg.home / "prometheus")
@@ -74,10 +79,15 @@ def run_demo(cfg: DemoConfig) -> None:
                       f"--checkpoint-dir {checkpoints}")  # the default cadence: what a user gets
         job_id = _submit(jobs, entrypoint)
         cleanup.callback(lambda: jobs.stop_job(job_id))
+        evaluator_id = _submit(jobs, f"{sys.executable} -m streamlearn.cli evaluate --pipeline {cfg.pipeline} "
+                                     f"--bootstrap {broker.bootstrap} --topic {cfg.topic} "
+                                     f"--checkpoint-dir {checkpoints}")
+        cleanup.callback(lambda: jobs.stop_job(evaluator_id))
 
         say("deploying the scorer on Ray Serve ...")
         serve_port = cfg.serve_port if not port_in_use(cfg.serve_port) else free_port()
-        serve_cfg = ServeConfig(checkpoint_dir=str(checkpoints), pipeline=cfg.pipeline, port=serve_port)
+        serve_cfg = ServeConfig(checkpoint_dir=str(checkpoints), pipeline=cfg.pipeline, port=serve_port,
+                                scores_topic=scores_topic, scores_bootstrap=broker.bootstrap)
         url = deploy(serve_cfg)
         cleanup.callback(serve_shutdown)
 
@@ -86,6 +96,12 @@ def run_demo(cfg: DemoConfig) -> None:
             profile=parse_profile(cfg.profile), duration=cfg.duration_s or 10 ** 9, bad_fraction=0.01,
             drift_at=cfg.drift_at, seed=int(time.time())))
         generator.start()  # a daemon bounded by --duration: it ends with the demo
+        stop_caller = threading.Event()
+        caller = threading.Thread(target=call_scorer, daemon=True, name="caller", args=(
+            broker.bootstrap, cfg.topic, url, load_pipeline(cfg.pipeline).schema, stop_caller),
+            kwargs={"token": os.environ.get(TOKEN_ENV)})
+        caller.start()  # a share of the live events scored, as the bank's payment system would
+        cleanup.callback(stop_caller.set)
 
         print(banner(dashboard, url, broker.bootstrap, job_id, serve_cfg.run_dir, client_auth(),
                      os.environ.get(PROMETHEUS_HOST_VAR)), flush=True)
@@ -170,7 +186,8 @@ def banner(dashboard: str, url: str, bootstrap: str, job_id: str, run_dir: Path,
   Ray dashboard   {dashboard}   (job {job_id}: continuous training)
 {_ray_access(dashboard, auth)}
   Prometheus      {_prometheus(prometheus)}
-  Kafka           {bootstrap}   topic transactions, dead letters in transactions.dlq
+  Kafka           {bootstrap}   topic transactions, dead letters in transactions.dlq,
+                  answers in transactions.scores (judged by the evaluator job: served.jsonl)
   Scoring API     {url}/score   GET {url}/model   GET {url}/healthz   docs {url}/docs
   Checkpoints     {run_dir}
 
@@ -222,7 +239,8 @@ def watch(cfg: DemoConfig, kafka: KafkaSettings, url: str, run_dir: Path, until:
                               and isinstance(v, float))
             sys.stdout.write(f"\r  in {rate:7.0f} ev/s | lag {lag:7d} | workers {meta.get('workers', '-')} | "
                              f"learned {meta.get('counters', {}).get('learned', 0):8d} | "
-                             f"checkpoint v{meta.get('version', '-')} | serving v{served} | {metric}   ")
+                             f"checkpoint v{meta.get('version', '-')} | serving v{served} | {metric} | "
+                             f"served {_served_quality(run_dir)}   ")
             sys.stdout.flush()
     except KeyboardInterrupt:
         pass
@@ -248,6 +266,15 @@ class DriftNews:
         when = "" if since_drift_s is None else f", ~{since_drift_s:.0f} s after the generator's drift"
         return [f"  drift alarm, checkpoint v{row['version']}: "
                 f"{', '.join(a['signal'] for a in row['drift'])}{when}" for row in rows if row.get("drift")]
+
+
+def _served_quality(run_dir: Path) -> str:
+    """The evaluator's newest figure on the answers callers got (served.jsonl)."""
+    from streamlearn.observe.runfiles import read_last_jsonl
+
+    overall = (read_last_jsonl(run_dir / "served.jsonl") or {}).get("overall") or {}
+    value = overall.get("auc", overall.get("mae"))
+    return f"{'auc' if 'auc' in overall else 'mae'}={value:.3f}" if isinstance(value, float) else "-"
 
 
 def _served_version(url: str) -> str:

@@ -79,6 +79,17 @@ CATALOGUE: dict[str, Spec] = {
                                          ("pipeline", "status")),
     "streamlearn_scoring_latency_seconds": Spec("histogram", "POST /score handler latency", _P,
                                                 LATENCY_BUCKETS_S),
+    "streamlearn_answers_dropped": Spec("counter", "Answers a replica could not publish to <topic>.scores, by "
+                                                   "reason (queue_full, delivery_failed)", ("pipeline", "reason")),
+    # served quality (the evaluator, streamlearn/observe/evaluator.py): answers joined with their labels
+    "streamlearn_served_metric": Spec("gauge", "Metric of the answers callers got, joined with their labels, over "
+                                               "the evaluator's window of all versions (auc, logloss)",
+                                      ("pipeline", "metric")),
+    "streamlearn_served_version_metric": Spec("gauge", "The same per model version that answered (the newest "
+                                                       "few versions)", ("pipeline", "version", "metric")),
+    "streamlearn_served_joined": Spec("counter", "Answers joined with their label", _P),
+    "streamlearn_served_expired": Spec("gauge", "Answers and labels that left the evaluator's join without their "
+                                                "other half, by side", ("pipeline", "side")),
 }
 
 
@@ -340,3 +351,30 @@ def record_swap(pipeline: str, version: int) -> None:
 @_guard
 def record_rejection(pipeline: str, kind: str) -> None:
     _inc("streamlearn_gate_rejections", 1, {"pipeline": pipeline, "kind": kind})
+
+
+@_guard
+def record_answers_dropped(pipeline: str, reason: str) -> None:
+    _inc("streamlearn_answers_dropped", 1, {"pipeline": pipeline, "reason": reason})
+
+
+# ---- served quality (the evaluator) ---------------------------------------------------------
+
+@_guard
+def record_served(pipeline: str, overall: dict[str, Any], versions: dict[int, dict[str, Any]], joined: int,
+                  expired: dict[str, int]) -> None:
+    """The evaluator, once per row: `overall` and each of `versions` are `summarize` dicts. A version
+    no longer among `versions` stops being re-sent, so Ray drops its series (no growth per version)."""
+    shown = {str(v) for v in versions}
+    for key in [k for k in _gauges if k[0] == "streamlearn_served_version_metric"
+                and dict(k[1]).get("pipeline") == pipeline and dict(k[1])["version"] not in shown]:
+        del _gauges[key]
+    for metric in ("auc", "logloss", "mae", "rmse"):
+        _set("streamlearn_served_metric", overall.get(metric), {"pipeline": pipeline, "metric": metric})
+        for version, summary in versions.items():
+            _set("streamlearn_served_version_metric", summary.get(metric),
+                 {"pipeline": pipeline, "version": str(version), "metric": metric})
+    if joined:
+        _inc("streamlearn_served_joined", joined, {"pipeline": pipeline})
+    for side, n in expired.items():
+        _set("streamlearn_served_expired", n, {"pipeline": pipeline, "side": side})

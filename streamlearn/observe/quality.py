@@ -8,8 +8,10 @@ both sides wait, bounded by a TTL and a cap, expiry counted), and each joined pa
 sliding window of the version that gave the answer. An event scored twice (a client's retry)
 counts once, with its first answer.
 
-This is the evaluator's core, tested on its own; the scorer publishing its answers to
-`<topic>.scores` and the process that feeds this from both topics are the next step (issue 16).
+Besides each version's window, one window holds the newest answers of every version: versions
+follow each other every few seconds, so what an operator watches over time is that one; the
+per-version windows say which version did better. Only the newest `keep_versions` versions keep a
+window. The evaluator (`evaluator.py`) feeds this from the two topics.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from streamlearn.train.prequential import SlidingWindow, summarize
 
 
 class ServedQuality:
-    def __init__(self, task: str, window: int = 5_000, ttl_s: float = 7 * 86_400.0, max_pending: int = 1_000_000):
-        self.task, self.window = task, window
+    def __init__(self, task: str, window: int = 5_000, ttl_s: float = 7 * 86_400.0, max_pending: int = 1_000_000,
+                 keep_versions: int = 20):
+        self.task, self.window, self.keep_versions = task, window, keep_versions
         # An answer waits as an "event" whose two features are its score and its version.
         self.join = JoinState(2, ttl_s, max_pending)
+        self.overall = SlidingWindow(window)
         self.windows: dict[int, SlidingWindow] = {}
         self.joined: dict[int, int] = {}  # version -> answers joined with their label, ever
+        self.joined_total = 0
 
     def add_answers(self, ids: Iterable[str], versions: np.ndarray, scores: np.ndarray, t) -> int:
         """Answers given at `t` (seconds, one or one per answer); returns how many met a waiting label."""
@@ -51,13 +56,23 @@ class ServedQuality:
 
     def _record(self, joined: Joined) -> int:
         scores, versions = joined.features[:, 0].astype(np.float64), joined.features[:, 1].astype(np.int64)
+        self.overall.add(scores, joined.targets)
+        self.joined_total += joined.size
         for version in np.unique(versions).tolist():
             mine = versions == version
             self.windows.setdefault(version, SlidingWindow(self.window)).add(scores[mine], joined.targets[mine])
             self.joined[version] = self.joined.get(version, 0) + int(mine.sum())
+        for old in sorted(self.windows)[:-self.keep_versions]:
+            del self.windows[old], self.joined[old]
         return joined.size
 
-    def summary(self) -> dict[int, dict]:
-        """Per version: the task's metrics over its window of labelled answers, and how many joined ever."""
-        return {version: {**summarize(self.task, *w.arrays()), "joined": self.joined[version]}
-                for version, w in sorted(self.windows.items())}
+    def summary(self, newest: int | None = None) -> dict[int, dict]:
+        """Per version (the `newest` few, or all kept): the task's metrics over its window of labelled
+        answers, and how many joined ever."""
+        kept = sorted(self.windows)[-newest:] if newest else sorted(self.windows)
+        return {version: {**summarize(self.task, *self.windows[version].arrays()), "joined": self.joined[version]}
+                for version in kept}
+
+    def overall_summary(self) -> dict:
+        """The task's metrics over the newest `window` labelled answers, whichever version gave them."""
+        return summarize(self.task, *self.overall.arrays())

@@ -1,10 +1,11 @@
 """`streamlearn report`: PNG charts of a run over time, from the files in its run directory.
 
 Reads history.jsonl (one row per checkpoint), scaling.jsonl and resizes.jsonl (written by the
-scale controller, when one ran). Works on a finished run and on one still appending: a partly
-written last line is skipped. One PNG per chart plus overview.png with all of them stacked.
-Checkpoint versions are thin dotted vertical lines; resizes are dashed red ones; drift alarms
-dash-dot orange ones, at the checkpoint that recorded them.
+scale controller, when one ran) and served.jsonl (the evaluator's, when one ran). Works on a
+finished run and on one still appending: a partly written last line is skipped. One PNG per
+chart plus overview.png with all of them stacked. Checkpoint versions are thin dotted vertical
+lines; resizes are dashed red ones; drift alarms dash-dot orange ones, at the checkpoint that
+recorded them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class _Axis:
 
     def __init__(self, run: RunFiles):
         self.start = run.start
-        ends = [rows[-1]["t"] for rows in (run.history, run.scaling, run.resizes) if rows]
+        ends = [rows[-1]["t"] for rows in run.tables if rows]
         self.span = max(ends) - self.start
         self.scale, self.label = (60.0, "minutes since start") if self.span > 900 else (1.0, "seconds since start")
 
@@ -215,6 +216,27 @@ def draw_metric(ax: Axes, run: RunFiles, axis: _Axis) -> None:
         _none(ax, "no online metric yet (written at each checkpoint)")
 
 
+def draw_served(ax: Axes, run: RunFiles, axis: _Axis) -> None:
+    """The headline metric of the answers callers got (the evaluator's window of every version, and
+    each of the newest versions), beside the trainer's own online figure."""
+    key = "auc" if any(isinstance((r.get("overall") or {}).get("auc"), float) for r in run.served) else "mae"
+    rows = [r for r in run.served if isinstance((r.get("overall") or {}).get(key), float)]
+    if not rows:
+        _none(ax, "no served quality yet: deploy the scorer with --scores-topic and run `streamlearn evaluate`")
+        return
+    ax.plot(axis(rows), [r["overall"][key] for r in rows], color="tab:green", linewidth=1.8,
+            label=f"served {key.upper()} (answers callers got, all versions)")
+    points = [(r, s[key]) for r in rows for s in (r.get("versions") or {}).values() if isinstance(s.get(key), float)]
+    if points:
+        ax.scatter(axis([r for r, _ in points]), [v for _, v in points], s=6, color="tab:green", alpha=0.35,
+                   label="per served version (newest few)")
+    online = _rows_with(run.history, key)
+    if online:
+        ax.plot(axis(online), [r[key] for r in online], color="0.5", linewidth=1.0, alpha=0.8,
+                label=f"trainer's online {key.upper()} (its own batches)")
+    ax.set_ylabel(f"{key.upper()} (served)")
+
+
 def draw_loss(ax: Axes, run: RunFiles, axis: _Axis) -> None:
     rows = _rows_with(run.history, "train_loss")
     if not rows:
@@ -230,5 +252,6 @@ CHARTS: list[tuple[str, str, Callable]] = [
     ("lag", "Consumer lag (committed, all partitions)", draw_lag),
     ("workers", "Training workers", draw_workers),
     ("metric", "Online metric (predict-then-learn, sliding window)", draw_metric),
+    ("served", "Served quality (answers joined with their labels)", draw_served),
     ("loss", "Train loss", draw_loss),
 ]

@@ -24,25 +24,50 @@ def read_jsonl(path: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["t"])
 
 
+def read_last_jsonl(path: Path, tail_bytes: int = 65536) -> dict | None:
+    """The newest complete row of a JSON-lines file (reading only its end), or None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            return row
+    return None
+
+
 @dataclass
 class RunFiles:
-    """history.jsonl (one row per checkpoint), scaling.jsonl (one per controller sample), resizes.jsonl."""
+    """history.jsonl (one row per checkpoint), scaling.jsonl (one per controller sample), resizes.jsonl,
+    served.jsonl (one per evaluator row)."""
 
     run_dir: Path
     history: list[dict] = field(default_factory=list)
     scaling: list[dict] = field(default_factory=list)
     resizes: list[dict] = field(default_factory=list)
+    served: list[dict] = field(default_factory=list)
 
     @classmethod
     def load(cls, run_dir: str | Path) -> RunFiles:
         run_dir = Path(run_dir)
-        return cls(run_dir, read_jsonl(run_dir / "history.jsonl"), read_jsonl(run_dir / "scaling.jsonl"),
-                   read_jsonl(run_dir / "resizes.jsonl"))
+        return cls(run_dir, *(read_jsonl(run_dir / f"{name}.jsonl")
+                              for name in ("history", "scaling", "resizes", "served")))
+
+    @property
+    def tables(self) -> tuple[list[dict], ...]:
+        return self.history, self.scaling, self.resizes, self.served
 
     @property
     def empty(self) -> bool:
-        return not (self.history or self.scaling or self.resizes)
+        return not any(self.tables)
 
     @property
     def start(self) -> float:
-        return min(rows[0]["t"] for rows in (self.history, self.scaling, self.resizes) if rows)
+        return min(rows[0]["t"] for rows in self.tables if rows)

@@ -1,7 +1,8 @@
 """`streamlearn status`: one screen on a running pipeline, refreshed in place.
 
-Two sources: the run's scale controller actor on Ray (rate, lag, workers, checkpoint, resizes)
-and the scorer's GET /model (the version served, its age, scoring latency). Either may be
+Three sources: the run's scale controller actor on Ray (rate, lag, workers, checkpoint, resizes),
+the scorer's GET /model (the version served, its age, scoring latency) and the evaluator's newest
+row in the run directory (served.jsonl: the quality of the answers callers got). Any may be
 missing; its part of the screen then says why and what to do, never a traceback. Once connected
 to Ray, a last part says how to reach its dashboard and `ray job` CLI (token auth included).
 Drawing is a pure function of the dicts (`render`), so it is tested without Ray or a terminal.
@@ -40,23 +41,25 @@ def controller_name(run_name: str) -> str:
 
 
 def render(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
-           problems: dict[str, str] | None = None, ray: dict | None = None) -> Group:
+           problems: dict[str, str] | None = None, ray: dict | None = None, served: dict | None = None) -> Group:
     """The whole screen. `problems` says why a source is None: {"controller": ..., "scorer": ...};
-    `ray` (Sources.ray_access) is None when not connected to Ray, and its part is then left out."""
+    `ray` (Sources.ray_access) is None when not connected to Ray, and its part is then left out;
+    `served` is the evaluator's newest row (None: no evaluator has written one)."""
     problems = problems or {}
     title = Text.assemble(("streamlearn status", "bold"), f"  run {run_name or (snapshot or {}).get('run_name', '?')}",
                           f"  {time.strftime('%H:%M:%S', time.localtime(now))}")
     parts = [title, Text(""), _training(snapshot, now, problems.get("controller")), Text(""),
-             _serving(model, now, problems.get("scorer"))]
+             _serving(model, now, problems.get("scorer"), served)]
     return Group(*parts, Text(""), _ray(ray)) if ray else Group(*parts)
 
 
 def render_text(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
-                problems: dict[str, str] | None = None, ray: dict | None = None, width: int = 100) -> str:
+                problems: dict[str, str] | None = None, ray: dict | None = None, served: dict | None = None,
+                width: int = 100) -> str:
     """The screen as plain text (no colours, no cursor moves): for pipes, logs and tests."""
     out = io.StringIO()
     console = Console(file=out, width=width, force_terminal=False, color_system=None, highlight=False)
-    console.print(render(snapshot, model, now=now, run_name=run_name, problems=problems, ray=ray))
+    console.print(render(snapshot, model, now=now, run_name=run_name, problems=problems, ray=ray, served=served))
     return out.getvalue()
 
 
@@ -113,10 +116,11 @@ def _training(snap: dict | None, now: float, problem: str | None) -> Table:
     return table
 
 
-def _serving(model: dict | None, now: float, problem: str | None) -> Table:
+def _serving(model: dict | None, now: float, problem: str | None, served: dict | None = None) -> Table:
     table = _grid("Serving (scorer GET /model)")
     if model is None:
         table.add_row("scorer", Text(f"{UNAVAILABLE}: {problem or 'not asked'}", style="yellow"))
+        table.add_row("served quality", _served(served, now))
         return table
     version = model.get("version")
     if version is None:
@@ -128,6 +132,7 @@ def _serving(model: dict | None, now: float, problem: str | None) -> Table:
         table.add_row("online metric", _metric((model.get("metrics") or {}).get("online")))
         table.add_row("gate", _gate(model, now))
     table.add_row("scoring", _scoring(model.get("scoring")))
+    table.add_row("served quality", _served(served, now))
     last = model.get("last_rejection")
     if last:
         table.add_row("last rejection", f"v{last.get('version')} ({last.get('kind')}): {last.get('reason')}")
@@ -198,6 +203,25 @@ def _metric(online: Any) -> str:
     return "  ".join(parts) or "n/a"
 
 
+def _served(row: dict | None, now: float) -> str:
+    """The evaluator's figures: answers callers got, judged by their labels (all versions, then each)."""
+    if not isinstance(row, dict):
+        return ("not measured: deploy the scorer with --scores-topic and run `streamlearn evaluate` "
+                "(docs/OPERATIONS.md, Served quality)")
+    overall = row.get("overall") or {}
+    if not overall.get("window"):
+        return f"no answer has met its label yet ({_int((row.get('pending') or {}).get('answers'))} waiting)"
+    names = {"auc": "AUC", "logloss": "logloss", "mae": "MAE"}
+    head = "  ".join(f"{label} {overall[k]:.4f}" for k, label in names.items() if isinstance(overall.get(k), float))
+    versions = row.get("versions") or {}
+    per = ", ".join(f"v{v} {s['auc']:.3f}" for v, s in list(versions.items())[-3:]
+                    if isinstance(s.get("auc"), float))
+    expired = sum(n for k, n in (row.get("expired") or {}).items() if k.startswith("answers"))
+    return (f"{head or 'n/a'} (last {_int(overall['window'])} answers{'; ' + per if per else ''}), "
+            f"{_int(row.get('joined'))} joined, {_int(expired)} answers never labelled, "
+            f"{_age(now, row.get('t'))} ago")
+
+
 def _ingest(ingest: dict) -> str:
     if ingest.get("mode") != "ray-data":
         return str(ingest.get("mode", "?"))
@@ -249,6 +273,7 @@ class Sources:
     address: str
     run_name: str
     serve_url: str
+    run_dir: Path | None = None  # where the evaluator writes served.jsonl
     timeout_s: float = 5.0
     _actor: Any = None
     _access: dict | None = None
@@ -315,11 +340,18 @@ class Sources:
                             "token_file": auth.token_where, "ray": ray_cli()}
         return self._access
 
+    def served(self) -> dict | None:
+        if self.run_dir is None:
+            return None
+        from streamlearn.observe.runfiles import read_last_jsonl
+
+        return read_last_jsonl(self.run_dir / "served.jsonl")
+
     def frame(self) -> Group:
         snapshot, controller_problem = self.controller()
         model, scorer_problem = self.model()
         return render(snapshot, model, now=time.time(), run_name=self.run_name, ray=self.ray_access(),
-                      problems={"controller": controller_problem, "scorer": scorer_problem})
+                      problems={"controller": controller_problem, "scorer": scorer_problem}, served=self.served())
 
 
 def _auth_mode(dashboard: str, timeout_s: float) -> str | None:

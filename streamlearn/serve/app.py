@@ -32,6 +32,7 @@ from streamlearn.errors import BadEvent, ConfigError, ServeError
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
 from streamlearn.schema import reason_code
+from streamlearn.serve.answers import AnswerLog, id_field
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.latency import ScoringStats
 from streamlearn.serve.model_store import ModelStore
@@ -71,9 +72,11 @@ def _bad_event(err: BadEvent, index: int | None) -> ClientError:
 
 
 def build_app(store: ModelStore, cfg: ServeConfig,
-              lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None) -> FastAPI:
+              lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+              answers: AnswerLog | None = None) -> FastAPI:
     pipeline = store.pipeline
     schema = pipeline.schema
+    answer_id = id_field(pipeline) if answers is not None else ""
     # Bigger bodies are refused before being read: max_batch events of the largest size.
     max_body = cfg.max_batch * (schema.max_bytes + 2) + 2
     event_schema = schema.json_schema() | {"title": f"{schema.name} event"}
@@ -158,6 +161,8 @@ def build_app(store: ModelStore, cfg: ServeConfig,
                               reason="not_finite")
         with torch.inference_mode():
             scores = pipeline.score(served.model(torch.from_numpy(features))).tolist()
+        if answers is not None:  # a non-blocking hand-off to librdkafka's queue (serve/answers.py)
+            answers.publish([str(event[answer_id]) for event in valid], served.version, scores)
         body = {"scores": scores, "version": served.version, "trained_through": served.trained_through,
                 "pipeline": pipeline.name}
         return Response(json.dumps(body), media_type="application/json")  # skips FastAPI's slow encoder
@@ -237,13 +242,14 @@ class Scorer:
         self.cfg = cfg
         faults.arm(faults.spec_from_env(), None, cfg.run_dir)  # only where a test aimed one (STREAMLEARN_FAULT)
         self.store = ModelStore.from_config(cfg)
+        self.answers = answer_log(cfg, self.store.pipeline.name)
         # Load before taking traffic, so a replica added under load never answers 503.
         self.store.poll_once()
         self.store.await_first_moment()
         self.store.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_app(self.store, self.cfg)
+        return build_app(self.store, self.cfg, answers=self.answers)
 
     def check_health(self) -> None:
         if not self.store.alive:  # Serve replaces a replica whose poller died: it would never swap again
@@ -251,6 +257,17 @@ class Scorer:
 
     def __del__(self):
         self.store.stop(timeout=1.0)
+        if self.answers is not None:
+            self.answers.close(timeout_s=1.0)
+
+
+def answer_log(cfg: ServeConfig, pipeline: str) -> AnswerLog | None:
+    """Where the config asks for it, the publisher of this process's answers."""
+    if not cfg.scores_topic:
+        return None
+    from streamlearn.config import KafkaSettings  # env STREAMLEARN_KAFKA_* for SASL/TLS, as elsewhere
+
+    return AnswerLog(KafkaSettings(bootstrap=cfg.scores_bootstrap).confluent(), cfg.scores_topic, pipeline)
 
 
 def deploy(cfg: ServeConfig) -> str:
@@ -309,7 +326,9 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
 
 def scorer_app(cfg: ServeConfig) -> serve.Application:
     """The Scorer bound to `cfg`, with the deployment options both `deploy` and `app_builder` use."""
-    load_pipeline(cfg.pipeline)  # fail here, with its message, not in a replica Serve keeps restarting
+    pipeline = load_pipeline(cfg.pipeline)  # fail here, with its message, not in a replica Serve keeps restarting
+    if cfg.scores_topic:
+        id_field(pipeline)  # answers need an id to meet their labels
     if checkpoint.newest(cfg.run_dir) is None:
         log("serve_no_checkpoint_yet", level="warning", run_dir=str(cfg.run_dir),
             hint="/score answers 503 until the trainer writes a checkpoint")
@@ -348,6 +367,7 @@ def local_app(cfg: ServeConfig) -> FastAPI:
     torch.set_num_threads(cfg.torch_threads)
     store = ModelStore.from_config(cfg)
     store.poll_once()
+    answers = answer_log(cfg, store.pipeline.name)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -356,5 +376,7 @@ def local_app(cfg: ServeConfig) -> FastAPI:
             yield
         finally:
             store.stop()
+            if answers is not None:
+                answers.close()
 
-    return build_app(store, cfg, lifespan=lifespan)
+    return build_app(store, cfg, lifespan=lifespan, answers=answers)

@@ -63,6 +63,10 @@ class ServeConfig:
     route_prefix: str = "/"
     app_name: str = ""  # default: "score-<run_name>", so several lineages can be served side by side
     timeline: str = ""  # opt-in: each replica traces its swaps to PATH.scorer-<pid>.json
+    # Opt-in: each replica publishes every answer (event id, version, score, time) to this topic at
+    # this Kafka, for the evaluator's served quality (`streamlearn evaluate`; usually <topic>.scores).
+    scores_topic: str = ""
+    scores_bootstrap: str = ""
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:
@@ -95,6 +99,9 @@ class ServeConfig:
         need(self.torch_threads >= 1, f"torch_threads must be >= 1, got {self.torch_threads}")
         need(0 < self.port <= 65535, f"port must be in 1..65535 (Serve's proxy needs a fixed port), got {self.port}")
         need(self.route_prefix.startswith("/"), f"route_prefix must start with '/', got {self.route_prefix!r}")
+        need(bool(self.scores_topic) == bool(self.scores_bootstrap),
+             "scores_topic and scores_bootstrap go together: the topic answers are published to and the Kafka "
+             f"it is on (got topic {self.scores_topic!r}, bootstrap {self.scores_bootstrap!r})")
 
         if not self.run_name:
             object.__setattr__(self, "run_name", self.pipeline.replace(":", "-").replace(".", "-"))

@@ -1,5 +1,6 @@
 """`make demo` as a new user runs it, beside the suite's own Kafka and Ray: it serves a model
-version, the request its banner says to try is scored by that version, and Ctrl-C stops it.
+version, the request its banner says to try is scored by that version, the answers its caller got
+are judged against their labels (served.jsonl), and Ctrl-C stops it.
 (test_demo_ray.py checks what the banner says about reaching Ray.)"""
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def test_make_demo_serves_a_version_and_scores_the_banners_request():
             body = json.loads(r.read())
         assert len(body["scores"]) == 1 and 0.0 <= body["scores"][0] <= 1.0
         assert body["version"] >= version and body["pipeline"] == "fraud"
+        # the demo's caller scores live events and its evaluator judges those answers by their labels
+        served = _served_row(home / "checkpoints" / "fraud" / "served.jsonl", demo, time.monotonic() + 180)
+        assert served["joined"] > 0 and served["overall"]["window"] > 0, served
+        assert 0.0 <= served["overall"]["auc"] <= 1.0 and served["versions"], served
 
         os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C, as the banner says
         demo.wait(timeout=STOPPED_WITHIN_S)
@@ -120,3 +125,15 @@ def _served_version(url: str, demo: subprocess.Popen, deadline: float) -> int:
         assert demo.poll() is None, f"the demo ended (exit {demo.returncode}) before serving a version"
         time.sleep(2.0)
     raise AssertionError(f"the demo served no model version within {SERVED_WITHIN_S} s")
+
+
+def _served_row(path: Path, demo: subprocess.Popen, deadline: float) -> dict:
+    """The evaluator's newest row once an answer has met its label."""
+    from streamlearn.observe.runfiles import read_last_jsonl
+
+    while time.monotonic() < deadline and demo.poll() is None:
+        row = read_last_jsonl(path)
+        if row and row.get("joined"):
+            return row
+        time.sleep(2)
+    raise AssertionError(f"no served-quality row with joined answers in {path}: {read_last_jsonl(path)}")

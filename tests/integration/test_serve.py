@@ -11,17 +11,24 @@ import json
 import os
 import threading
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import numpy as np
+import orjson
 import pytest
 import torch
+from confluent_kafka import Producer
 from ray import serve
 
 from streamlearn.errors import ConfigError
+from streamlearn.kafka.admin import ensure_topics
 from streamlearn.kafka.broker import free_port
+from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
 from streamlearn.pipeline import load_pipeline
+from streamlearn.serve.answers import SCORES_SUFFIX
 from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.model_store import pin_version, unpin
@@ -93,10 +100,20 @@ def wait_for(predicate, timeout: float, interval: float = 0.05):
 
 
 @pytest.fixture(scope="module")
-def service(ray_cluster, tmp_path_factory):
+def events_topic(kafka_settings) -> str:
+    """The topic whose events (and inline labels) the served-quality test scores; the module's
+    scorer publishes every answer to `<it>.scores`."""
+    name = f"sq-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_settings, {name: 2, name + SCORES_SUFFIX: 1})
+    return name
+
+
+@pytest.fixture(scope="module")
+def service(ray_cluster, tmp_path_factory, kafka_settings, events_topic):
     checkpoint_dir = tmp_path_factory.mktemp("serve")
     cfg = ServeConfig(checkpoint_dir=str(checkpoint_dir), pipeline="fraud", port=free_port(), poll_interval_s=0.25,
-                      max_batch=100, min_replicas=1, max_replicas=1, auth_token=None)
+                      max_batch=100, min_replicas=1, max_replicas=1, auth_token=None,
+                      scores_topic=events_topic + SCORES_SUFFIX, scores_bootstrap=kafka_settings.bootstrap)
     paths = {1: write_checkpoint(cfg.run_dir, 1, auc=0.80)}
     started = time.monotonic()
     url = deploy(cfg)
@@ -288,6 +305,63 @@ def secure(service):
             yield secure, client, before
     finally:
         shutdown(secure)
+
+
+def test_answers_are_published_and_judged_per_version_against_their_labels(service, kafka_settings, events_topic,
+                                                                            tmp_path):
+    """Issue 16's served quality end to end: every answer the scorer gave reaches <topic>.scores,
+    and the evaluator, reading it and the events' inline labels from the real broker, reports per
+    version the AUC of exactly those answers (checked against a pairwise count of our own) and
+    counts a client's retried request once."""
+    cfg, client, paths = service
+    rng = np.random.default_rng(16)
+    n = 400
+    labels = rng.random(n) < 0.3
+    events = [{**EVENT, "event_id": f"sq-{i}", "amount": float(rng.uniform(1, 5000)),
+               "customer_age": int(rng.integers(18, 90)), "account_tenure_days": int(rng.integers(0, 4000)),
+               "card_present": bool(rng.random() < 0.5), "is_fraud": bool(labels[i])} for i in range(n)]
+    producer = Producer(kafka_settings.confluent())
+    for e in events:
+        producer.produce(events_topic, orjson.dumps(e), e["customer_id"].encode())
+    assert producer.flush(30) == 0
+
+    given: dict[str, tuple[int, float]] = {}  # event id -> (version, score) as the caller was told
+    for start in range(0, n, 50):
+        if start == n // 2:  # a newer version answers the second half
+            version = write_good(cfg, paths)
+            assert wait_for(lambda v=version: model_info(client)["version"] == v, 10)
+        batch = events[start:start + 50]
+        body = client.post("/score", json=batch).json()
+        given.update((e["event_id"], (body["version"], s)) for e, s in zip(batch, body["scores"], strict=True))
+    retried = client.post("/score", json=events[:50])  # a client's retry: judged once, with its first answer
+    assert retried.status_code == 200
+
+    evaluator = Evaluator(FRAUD, kafka_settings, EvaluatorConfig(topic=events_topic, run_dir=tmp_path))
+    deadline = time.monotonic() + 60
+    while evaluator.quality.joined_total < n and time.monotonic() < deadline:
+        evaluator.poll(0.5)
+    row = evaluator.row()
+    assert row["joined"] == n, row
+    assert row["pending"]["answers"] >= 50 and not row["skipped"]  # the retry's answers wait alone
+    truth = {e["event_id"]: float(e["is_fraud"]) for e in events}
+    versions = sorted({v for v, _ in given.values()})
+    assert len(versions) == 2, versions
+    for version in versions:
+        mine = [(score, truth[i]) for i, (v, score) in given.items() if v == version]
+        got = row["versions"][str(version)]
+        assert got["joined"] == got["window"] == len(mine)
+        assert got["auc"] == pytest.approx(_pairwise_auc(mine), abs=1e-6)
+    assert row["overall"]["window"] == n
+    assert row["overall"]["auc"] == pytest.approx(_pairwise_auc([(s, truth[i]) for i, (_, s) in given.items()]),
+                                                  abs=1e-6)
+
+
+def _pairwise_auc(pairs: list[tuple[float, float]]) -> float:
+    """P(score of a positive > score of a negative), ties half: the definition, counted pair by pair."""
+    pos = [s for s, y in pairs if y > 0.5]
+    neg = [s for s, y in pairs if y <= 0.5]
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
+    return wins / (len(pos) * len(neg))
 
 
 def test_deploy_refuses_a_second_port(service):

@@ -8,11 +8,12 @@ import math
 import pytest
 
 from streamlearn.errors import StreamlearnError
-from streamlearn.observe.report import CHARTS, drift_label, learned_rates, render_report
+from streamlearn.observe.report import CHARTS, _Axis, draw_served, drift_label, learned_rates, render_report
 from streamlearn.observe.runfiles import RunFiles
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T0 = 1_795_000_000.0
+SERVED_AUC = [0.9] * 15 + [0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.9, 0.9, 0.9, 0.9]
 
 
 def write_jsonl(path, rows, truncated_tail: str = "") -> None:
@@ -35,6 +36,12 @@ def recorded_run(run_dir, task: str = "classification", controller: bool = True)
                                      "events": 90_000}, {"signal": "positive.channel=atm", "before": 0.02,
                                                          "after": 0.3, "events": 90_000}]
     write_jsonl(run_dir / "history.jsonl", history, truncated_tail='{"version": 25, "t": 17950001')
+    if task == "classification":  # the evaluator's rows: served AUC dips at the drift, then recovers
+        write_jsonl(run_dir / "served.jsonl", [
+            {"t": T0 + 5 * i, "overall": {"window": 5000, "auc": SERVED_AUC[i], "logloss": 0.1},
+             "versions": {str(i - 1): {"auc": SERVED_AUC[i] - 0.01, "joined": 400},
+                          str(i): {"auc": SERVED_AUC[i] + 0.01, "joined": 300}}, "joined": 700 * i}
+            for i in range(2, 25)])
     if not controller:
         return
     scaling = [{"t": T0 + 2 * i, "lag": max(0, 40000 - 700 * i) if i > 30 else 500 * i,
@@ -99,3 +106,23 @@ def test_drift_alarms_are_named_on_the_charts():
     alarms = [{"signal": "positive.merchant_category=cash"}, {"signal": "positive.channel=atm"}]
     assert drift_label(alarms) == "positive.merchant_category=cash +1"
     assert drift_label(alarms[1:]) == "positive.channel=atm"
+
+
+def test_served_quality_is_drawn_per_version_beside_the_trainers_own_figure(tmp_path):
+    import matplotlib.pyplot as plt
+
+    recorded_run(tmp_path / "fraud")
+    run = RunFiles.load(tmp_path / "fraud")
+    fig, ax = plt.subplots()
+    draw_served(ax, run, _Axis(run))
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    served = lines["served AUC (answers callers got, all versions)"]
+    assert list(served.get_ydata()) == SERVED_AUC[2:]  # the dip at the drift and the recovery
+    assert "trainer's online AUC (its own batches)" in lines
+    assert len(ax.collections[0].get_offsets()) == 2 * 23  # two versions' points per row
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    recorded_run(tmp_path / "amount", task="regression")
+    draw_served(ax, RunFiles.load(tmp_path / "amount"), _Axis(RunFiles.load(tmp_path / "amount")))
+    assert "streamlearn evaluate" in ax.texts[0].get_text()  # no evaluator ran: says how to get one
+    plt.close(fig)

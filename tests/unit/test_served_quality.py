@@ -44,3 +44,48 @@ def test_the_window_slides_and_what_never_met_expires_counted():
     summary = quality.summary()[7]
     assert summary["window"] == 100 and summary["joined"] == 250 and summary["mae"] == pytest.approx(1.0)
     assert quality.expire(now=20.0) == {"events.ttl": 50}  # 50 answers never labelled
+
+
+def test_the_overall_window_spans_versions_and_only_the_newest_versions_keep_theirs():
+    quality = ServedQuality("classification", window=100, keep_versions=3)
+    for version in range(1, 6):
+        ids = [f"v{version}-{i}" for i in range(40)]
+        quality.add_answers(ids, np.full(40, version), np.linspace(0, 1, 40), t=0.0)
+        quality.add_labels(ids, (np.arange(40) >= 20).astype(np.float32), t=0.0)
+    assert list(quality.summary()) == [3, 4, 5] and list(quality.summary(newest=2)) == [4, 5]
+    overall = quality.overall_summary()
+    assert overall["window"] == 100 and overall["auc"] == pytest.approx(1.0)
+    assert quality.joined_total == 200
+
+
+def test_an_answers_message_round_trips_and_anything_else_is_refused():
+    import orjson
+
+    from streamlearn.serve.answers import decode_answers
+
+    value = orjson.dumps({"version": 7, "t": 12.5, "ids": ["a", "b"], "scores": [0.25, 0.75]})
+    assert decode_answers(value) == (["a", "b"], 7, [0.25, 0.75], 12.5)
+    for bad in (b"not json", b'{"version": 1}', orjson.dumps({"version": 1, "t": 0, "ids": ["a"], "scores": []}),
+                orjson.dumps({"version": "x", "t": 0, "ids": [], "scores": []})):
+        with pytest.raises(ValueError, match="not an answers message"):
+            decode_answers(bad)
+
+
+def test_publishing_answers_needs_a_topic_and_its_kafka_and_events_with_an_id():
+    from streamlearn.errors import ConfigError
+    from streamlearn.pipeline import load_pipeline
+    from streamlearn.serve.answers import id_field
+    from streamlearn.serve.config import ServeConfig
+
+    with pytest.raises(ConfigError, match="scores_topic and scores_bootstrap go together"):
+        ServeConfig(scores_topic="transactions.scores")
+    assert ServeConfig(scores_topic="t.scores", scores_bootstrap="127.0.0.1:9092").scores_topic == "t.scores"
+    assert id_field(load_pipeline("fraud")) == "event_id"
+    assert id_field(load_pipeline("fraud_delayed")) == "event_id"
+
+    class NoId(load_pipeline("fraud").__class__):
+        schema = load_pipeline("fraud").schema.__class__(name="no_id", fields=tuple(
+            f for f in load_pipeline("fraud").schema.fields if f.name != "event_id"))
+
+    with pytest.raises(ConfigError, match="no 'event_id' field"):
+        id_field(NoId())

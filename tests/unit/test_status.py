@@ -104,3 +104,17 @@ def test_status_shows_the_lineage_decision_and_the_next_swap():
                      "next": [{"version": 43, "serve_at": NOW + 0.6}], "late_swaps": 2}
     flat = " ".join(render_text(SNAPSHOT, model, now=NOW).split())
     assert "approved by node-a:311 against v39; next v43 in 0.6 s; 2 late swaps on this replica" in flat, flat
+
+
+def test_status_shows_the_quality_of_what_was_served_or_how_to_measure_it():
+    served = {"t": NOW - 3, "overall": {"window": 5000, "auc": 0.9312, "logloss": 0.0811},
+              "versions": {"40": {"auc": 0.925, "joined": 900}, "41": {"auc": 0.94, "joined": 300}},
+              "joined": 123456, "expired": {"answers.ttl": 7, "labels.ttl": 99}}
+    flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW, served=served).split())
+    assert ("served quality AUC 0.9312 logloss 0.0811 (last 5,000 answers; v40 0.925, v41 0.940), 123,456 "
+            "joined, 7 answers never labelled, 3 s ago") in flat
+    flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW).split())
+    assert "served quality not measured: deploy the scorer with --scores-topic and run `streamlearn evaluate`" in flat
+    waiting = {"t": NOW, "overall": {"window": 0}, "pending": {"answers": 42}}
+    assert "no answer has met its label yet (42 waiting)" in " ".join(
+        render_text(None, None, now=NOW, served=waiting).split())
