@@ -67,14 +67,14 @@ def baseline(bootstrap: str, n: int) -> float:
 
 
 def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str = "direct", topic: str = TOPIC,
-                  pipeline: str = "fraud") -> dict:
+                  pipeline: str = "fraud", drift: bool = True) -> dict:
     """One `streamlearn.train.train` run with the defaults a user gets (only the topic, the worker
     count and the bound are set). Steady rate: events learned after the first window, over the time
     from the end of that window to the last checkpoint; start-up is reported apart, as where its
     seconds went (the first checkpoint's startup_s, counted from the call to train())."""
     name = f"bench-{ingest}-{workers}-{pipeline}-{time.time_ns()}"
     cfg = TrainConfig(topic=topic, pipeline=pipeline, workers=workers, ingest=ingest, checkpoint_dir=str(home / name),
-                      run_name=name, group_id=name, max_events=n, max_failures=0)
+                      run_name=name, group_id=name, max_events=n, max_failures=0, drift=drift)
     started = time.time()
     summary = train(cfg, KafkaSettings(bootstrap=bootstrap), started_at=started)
     total_s = time.time() - started
@@ -87,7 +87,7 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
     for row in rows:
         for k, v in row.get("phases_s", {}).items():
             phases[k] = phases.get(k, 0.0) + v
-    return {"workers": workers, "ingest": ingest, "pipeline": pipeline,
+    return {"workers": workers, "ingest": ingest, "pipeline": pipeline, "drift": drift,
             "steady_events_per_s": learned / steady_s if steady_s > 0 else float("nan"),
             "steady_s": steady_s, "end_to_end_s": total_s, "end_to_end_events_per_s": n / total_s,
             "first_step_s": startup["first_step_done"], "startup_s": startup,

@@ -91,8 +91,8 @@ def train_loop_per_worker(config: dict) -> None:
                                config.get("consumed_at_start", 0)) if rank == 0 else None
     writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit) if rank == 0 else None
     reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
-    recent = Watch(cfg.metric_window, for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 else None,
-                   lambda alarm: _drift_alarm(pipeline, alarm))
+    drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
+    recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm))
     delta, loss_sum, overhead_ms = Counters(), 0.0, []
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
         positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
