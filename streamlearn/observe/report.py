@@ -29,6 +29,7 @@ VERSION_STYLE = dict(color="0.6", linestyle=":", linewidth=0.8, zorder=0)
 RESIZE_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.2, zorder=1)
 DRIFT_STYLE = dict(color="tab:orange", linestyle="-.", linewidth=1.2, zorder=1)
 MAX_VERSION_LABELS = 25
+MIN_POSITIVES = 5  # per class, for a served version's AUC point
 
 
 class _Axis:
@@ -226,7 +227,8 @@ def draw_served(ax: Axes, run: RunFiles, axis: _Axis) -> None:
         return
     ax.plot(axis(rows), [r["overall"][key] for r in rows], color="tab:green", linewidth=1.8,
             label=f"served {key.upper()} (answers callers got, all versions)")
-    points = [(r, s[key]) for r in rows for s in (r.get("versions") or {}).values() if isinstance(s.get(key), float)]
+    points = [(r, s[key]) for r in rows for s in (r.get("versions") or {}).values()
+              if isinstance(s.get(key), float) and _judged(s)]
     if points:
         ax.scatter(axis([r for r, _ in points]), [v for _, v in points], s=6, color="tab:green", alpha=0.35,
                    label="per served version (newest few)")
@@ -235,6 +237,12 @@ def draw_served(ax: Axes, run: RunFiles, axis: _Axis) -> None:
         ax.plot(axis(online), [r[key] for r in online], color="0.5", linewidth=1.0, alpha=0.8,
                 label=f"trainer's online {key.upper()} (its own batches)")
     ax.set_ylabel(f"{key.upper()} (served)")
+
+
+def _judged(summary: dict) -> bool:
+    """Enough answers to draw a version's point: an AUC from a handful of frauds is noise (0 or 1)."""
+    positives = summary.get("window", 0) * summary.get("positive_rate", 1.0)
+    return positives >= MIN_POSITIVES and summary.get("window", 0) - positives >= MIN_POSITIVES
 
 
 def draw_loss(ax: Axes, run: RunFiles, axis: _Axis) -> None:

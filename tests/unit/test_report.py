@@ -39,8 +39,9 @@ def recorded_run(run_dir, task: str = "classification", controller: bool = True)
     if task == "classification":  # the evaluator's rows: served AUC dips at the drift, then recovers
         write_jsonl(run_dir / "served.jsonl", [
             {"t": T0 + 5 * i, "overall": {"window": 5000, "auc": SERVED_AUC[i], "logloss": 0.1},
-             "versions": {str(i - 1): {"auc": SERVED_AUC[i] - 0.01, "joined": 400},
-                          str(i): {"auc": SERVED_AUC[i] + 0.01, "joined": 300}}, "joined": 700 * i}
+             "versions": {str(i - 1): {"auc": SERVED_AUC[i] - 0.01, "window": 400, "positive_rate": 0.1},
+                          str(i): {"auc": 1.0, "window": 30, "positive_rate": 0.1}},  # 3 frauds: not drawn
+             "joined": 430 * i}
             for i in range(2, 25)])
     if not controller:
         return
@@ -119,7 +120,8 @@ def test_served_quality_is_drawn_per_version_beside_the_trainers_own_figure(tmp_
     served = lines["served AUC (answers callers got, all versions)"]
     assert list(served.get_ydata()) == SERVED_AUC[2:]  # the dip at the drift and the recovery
     assert "trainer's online AUC (its own batches)" in lines
-    assert len(ax.collections[0].get_offsets()) == 2 * 23  # two versions' points per row
+    points = ax.collections[0].get_offsets()
+    assert len(points) == 23 and max(points[:, 1]) < 0.9  # one point per row: the version with 40 frauds
     plt.close(fig)
     fig, ax = plt.subplots()
     recorded_run(tmp_path / "amount", task="regression")
