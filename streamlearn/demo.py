@@ -49,6 +49,7 @@ def run_demo(cfg: DemoConfig) -> None:
     from load.callers import call_scorer
     from load.generator import run_load
     from load.profiles import parse_profile
+    from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
     from streamlearn.pipeline import load_pipeline
     from streamlearn.serve import ServeConfig, deploy
     from streamlearn.serve import shutdown as serve_shutdown
@@ -79,15 +80,18 @@ def run_demo(cfg: DemoConfig) -> None:
                       f"--checkpoint-dir {checkpoints}")  # the default cadence: what a user gets
         job_id = _submit(jobs, entrypoint)
         cleanup.callback(lambda: jobs.stop_job(job_id))
-        evaluator_id = _submit(jobs, f"{sys.executable} -m streamlearn.cli evaluate --pipeline {cfg.pipeline} "
-                                     f"--bootstrap {broker.bootstrap} --topic {cfg.topic} "
-                                     f"--checkpoint-dir {checkpoints}")
-        cleanup.callback(lambda: jobs.stop_job(evaluator_id))
 
         say("deploying the scorer on Ray Serve ...")
         serve_port = cfg.serve_port if not port_in_use(cfg.serve_port) else free_port()
         serve_cfg = ServeConfig(checkpoint_dir=str(checkpoints), pipeline=cfg.pipeline, port=serve_port,
                                 scores_topic=scores_topic, scores_bootstrap=broker.bootstrap)
+        # The evaluator in a thread of this driver (its metrics go through Ray like a job's): it
+        # stops with the demo, and leaves no process of its own behind a Ctrl-C.
+        stop_evaluator = threading.Event()
+        evaluator = Evaluator(load_pipeline(cfg.pipeline), kafka, EvaluatorConfig(topic=cfg.topic,
+                                                                                  run_dir=serve_cfg.run_dir))
+        threading.Thread(target=evaluator.run, kwargs={"stop": stop_evaluator}, daemon=True, name="evaluator").start()
+        cleanup.callback(stop_evaluator.set)
         url = deploy(serve_cfg)
         cleanup.callback(serve_shutdown)
 
@@ -187,7 +191,7 @@ def banner(dashboard: str, url: str, bootstrap: str, job_id: str, run_dir: Path,
 {_ray_access(dashboard, auth)}
   Prometheus      {_prometheus(prometheus)}
   Kafka           {bootstrap}   topic transactions, dead letters in transactions.dlq,
-                  answers in transactions.scores (judged by the evaluator job: served.jsonl)
+                  answers in transactions.scores (judged by the demo's evaluator: served.jsonl)
   Scoring API     {url}/score   GET {url}/model   GET {url}/healthz   docs {url}/docs
   Checkpoints     {run_dir}
 

@@ -19,6 +19,7 @@ replicas) read together do not. What leaves unmatched is counted, per side and r
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -141,8 +142,8 @@ class Evaluator:
         self.joined_since_row = 0
         return row
 
-    def run(self, duration_s: float | None = None) -> None:
-        """Poll and write a row every `every_s` until `duration_s` (forever by default)."""
+    def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> None:
+        """Poll and write a row every `every_s` until `duration_s` (forever by default) or `stop` is set."""
         path = self.cfg.run_dir / "served.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         log("evaluator_started", scores=self.scores_topic, labels=self.labels_topic, lookback_s=self.lookback_s,
@@ -150,7 +151,7 @@ class Evaluator:
         end = time.monotonic() + duration_s if duration_s is not None else float("inf")
         next_row = time.monotonic() + self.cfg.every_s
         try:
-            while time.monotonic() < end:
+            while time.monotonic() < end and not (stop is not None and stop.is_set()):
                 self.poll(min(0.5, max(0.0, next_row - time.monotonic())))
                 if time.monotonic() >= next_row:
                     self._emit(self.row(), path)

@@ -14,13 +14,18 @@ import time
 
 import httpx
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from load.generator import run_load
 from streamlearn import metrics
 from streamlearn.config import TrainConfig
-from streamlearn.kafka.admin import committed_offsets, end_offsets
+from streamlearn.kafka.admin import committed_offsets, end_offsets, ensure_topics
 from streamlearn.kafka.broker import free_port
 from streamlearn.monitor import Monitor, query, session_discovery_file
+from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
+from streamlearn.observe.runfiles import read_last_jsonl
+from streamlearn.pipeline import load_pipeline
+from streamlearn.serve.answers import SCORES_SUFFIX
 from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig
 from streamlearn.train import checkpoint as ckpt
@@ -32,6 +37,7 @@ pytestmark = pytest.mark.integration
 
 PIPELINE_SPEC = "tests.integration.models:MetricsFraud"  # the fraud pipeline under its own name
 PIPELINE = "fraud-metrics"  # the pipeline tag on every series this test counts
+JUDGED_REQUESTS = 3  # of 100 events each, scored for the served-quality figures
 CONTROLLER = importlib.util.find_spec("streamlearn.autoscale.controller") is not None
 
 
@@ -130,9 +136,11 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
                       checkpoint_dir=str(tmp_path / "ckpt"),
                       run_name=f"metrics-{topic}", checkpoint_every_s=2.0, checkpoint_every_steps=15,
                       window_events=1000, until_idle_s=4.0, batch_size=128)
+    ensure_topics(kafka_settings, {topic + SCORES_SUFFIX: 1})
     serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=PIPELINE_SPEC,
                             port=free_port(), poll_interval_s=0.25, quality_tolerance=1.0,  # every real one swaps
-                            min_replicas=1, max_replicas=1)
+                            min_replicas=1, max_replicas=1, scores_topic=topic + SCORES_SUFFIX,
+                            scores_bootstrap=kafka_settings.bootstrap)
     names = {n: metrics.exported_names(n)[0] for n in metrics.CATALOGUE}
     try:
         assert _wait_for_targets(url), "Prometheus found no Ray metrics endpoint in the discovery file"
@@ -170,6 +178,7 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
             assert client.post("/score", content=b"{not json").status_code == 400
         requests.stop.set()
         requests.join(10)
+        judged = _judge_served_answers(kafka_settings, topic, serve_cfg.url, tmp_path / "served")
         if lag:
             time.sleep(2.5)  # a few samples after the last commit: lag back at zero
             lag.stop.set()
@@ -208,9 +217,10 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
         unavailable = sum(s >= 500 for s in requests.statuses)  # 503s before the first checkpoint
         assert ok > 20 and len(requests.versions) >= 2, requests.versions
         moved = {k: after_status.get(k, 0) - before_status.get(k, 0) for k in after_status}
+        ok += JUDGED_REQUESTS  # the served-quality section's batches
         assert (moved.get("2xx", 0), moved.get("4xx", 0), moved.get("5xx", 0)) == (ok, client_errors, unavailable)
         count = latency_count - before_latency
-        assert count == len(requests.statuses) + 1  # one histogram observation per request
+        assert count == len(requests.statuses) + 1 + JUDGED_REQUESTS  # one histogram observation per request
         p99 = value(url, f'histogram_quantile(0.99, sum by (le) (rate({latency[0]}{{pipeline="{PIPELINE}"}}[5m])))')
         assert p99 is not None and 0 < p99 < 2.5
         assert served == newest["version"] == info["version"]
@@ -240,17 +250,46 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
                      "streamlearn_learned_rate"):
             assert gauge(url, name) is not None, name
 
+        # -- served quality: the evaluator's figures on the answers the scorer published --
+        assert judged["joined"] >= 200, judged
+        joined = wait_for(lambda: total(url, names["streamlearn_served_joined"]), 30)
+        assert joined >= judged["joined"], (joined, judged)
+        assert gauge(url, "streamlearn_served_metric") is not None
+
         # every catalogue metric is in Prometheus, but the two a resize records (none with fixed workers)
-        # the join's (a pipeline with inline labels has none) and drift's (no drift in this load)
+        # the join's (a pipeline with inline labels has none), drift's (no drift in this load) and the
+        # dropped answers' (a replica drops none while the broker answers)
         resize_only = {"streamlearn_resizes", "streamlearn_resize_pause_seconds", "streamlearn_join_pending",
                        "streamlearn_join_expired_events", "streamlearn_drift_alarms",
-                       "streamlearn_drift_last_alarm_timestamp_seconds"}
+                       "streamlearn_drift_last_alarm_timestamp_seconds", "streamlearn_answers_dropped"}
         absent = [n for n in metrics.CATALOGUE if n not in resize_only
                   and not query(url, f'last_over_time({names[n]}{{pipeline="{PIPELINE}"}}[10m])')]
         assert not absent, absent
     finally:
         shutdown()
         monitor.down()
+
+
+def _judge_served_answers(kafka_settings, topic: str, url: str, run_dir) -> dict:
+    """Score 300 of the topic's events through the scorer (which publishes its answers), then run
+    the evaluator in this process (connected to Ray, so its metrics are exported) until they are
+    judged; returns its last row."""
+    pipeline = load_pipeline(PIPELINE_SPEC)
+    consumer = Consumer({**kafka_settings.confluent(), "group.id": f"judge-{topic}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(4)])
+    events: list[dict] = []
+    while len(events) < 300:
+        batch = consumer.consume(1000, timeout=5)
+        assert batch, "the topic ran dry"
+        events += pipeline.schema.decode_many([m.value() for m in batch if m.error() is None])[0]
+    consumer.close()
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for start in range(0, 100 * JUDGED_REQUESTS, 100):
+            assert client.post("/score", json=events[start:start + 100]).status_code == 200
+    evaluator = Evaluator(pipeline, kafka_settings, EvaluatorConfig(topic=topic, run_dir=run_dir, every_s=1.0,
+                                                                    lookback_s=3600))
+    evaluator.run(duration_s=8)
+    return read_last_jsonl(run_dir / "served.jsonl")
 
 
 def _wait_for_targets(url: str, timeout: float = 20.0) -> bool:
