@@ -90,8 +90,10 @@ def run_demo(cfg: DemoConfig) -> None:
         stop_evaluator = threading.Event()
         evaluator = Evaluator(load_pipeline(cfg.pipeline), kafka, EvaluatorConfig(topic=cfg.topic,
                                                                                   run_dir=serve_cfg.run_dir))
-        threading.Thread(target=evaluator.run, kwargs={"stop": stop_evaluator}, daemon=True, name="evaluator").start()
-        cleanup.callback(stop_evaluator.set)
+        judging = threading.Thread(target=evaluator.run, kwargs={"stop": stop_evaluator}, daemon=True,
+                                   name="evaluator")
+        judging.start()
+        cleanup.callback(lambda: (stop_evaluator.set(), judging.join(timeout=10)))  # closes while Kafka is up
         url = deploy(serve_cfg)
         cleanup.callback(serve_shutdown)
 
