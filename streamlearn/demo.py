@@ -87,9 +87,9 @@ def run_demo(cfg: DemoConfig) -> None:
                                 scores_topic=scores_topic, scores_bootstrap=broker.bootstrap)
         # The evaluator in a thread of this driver (its metrics go through Ray like a job's): it
         # stops with the demo, and leaves no process of its own behind a Ctrl-C.
+        pipeline = load_pipeline(cfg.pipeline)
         stop_evaluator = threading.Event()
-        evaluator = Evaluator(load_pipeline(cfg.pipeline), kafka, EvaluatorConfig(topic=cfg.topic,
-                                                                                  run_dir=serve_cfg.run_dir))
+        evaluator = Evaluator(pipeline, kafka, EvaluatorConfig(topic=cfg.topic, run_dir=serve_cfg.run_dir))
         judging = threading.Thread(target=evaluator.run, kwargs={"stop": stop_evaluator}, daemon=True,
                                    name="evaluator")
         judging.start()
@@ -104,7 +104,7 @@ def run_demo(cfg: DemoConfig) -> None:
         generator.start()  # a daemon bounded by --duration: it ends with the demo
         stop_caller = threading.Event()
         caller = threading.Thread(target=call_scorer, daemon=True, name="caller", args=(
-            broker.bootstrap, cfg.topic, url, load_pipeline(cfg.pipeline).schema, stop_caller),
+            broker.bootstrap, cfg.topic, url, pipeline.schema, stop_caller),
             kwargs={"token": os.environ.get(TOKEN_ENV)})
         caller.start()  # a share of the live events scored, as the bank's payment system would
         cleanup.callback(stop_caller.set)
