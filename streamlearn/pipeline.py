@@ -69,10 +69,10 @@ class Pipeline(ABC):
     def targets(self, events: list[dict[str, Any]]) -> np.ndarray:
         """Validated events -> float32 array of shape (n,): the label the model learns."""
 
-    def label_targets(self, labels: list[dict[str, Any]]) -> np.ndarray:
-        """Validated label messages -> float32 targets (pipelines with JoinedLabels only)."""
-        name = self.labels.label if self.labels else "label"
-        return np.fromiter((float(m[name]) for m in labels), dtype=np.float32, count=len(labels))
+    def label_targets(self, labels: dict[str, list[Any]]) -> np.ndarray:
+        """Validated label messages, as columns (`Schema.decode_columns`) -> float32 targets
+        (pipelines with JoinedLabels only)."""
+        return np.asarray(labels[self.labels.label if self.labels else "label"], dtype=np.float32)
 
     @abstractmethod
     def build_model(self) -> nn.Module:

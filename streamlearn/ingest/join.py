@@ -39,7 +39,7 @@ def join_keys(ids: Iterable[str]) -> np.ndarray:
     """Event ids -> uint64 join keys, the same in every process and batch: FNV-1a over the UTF-8
     bytes 8 at a time (little-endian words, the last zero-padded), the length mixed in, then
     murmur3's finalizer so that every input bit reaches every key bit."""
-    raw = np.array([i.encode() for i in ids], dtype=bytes)
+    raw = np.array(list(map(str.encode, ids)), dtype=bytes)
     if not len(raw):
         return np.empty(0, np.uint64)
     lengths = np.char.str_len(raw).astype(np.uint64)

@@ -119,14 +119,16 @@ class Evaluator:
     def _labels(self, messages: list, now: float) -> int:
         if not messages:
             return 0
-        valid, _kept, bad = self.label_schema.decode_many([m.value() for m in messages])
+        values = [m.value() for m in messages]
+        if self.pipeline.labels is not None:
+            columns, kept, bad = self.label_schema.decode_columns(values)
+            ids, targets = columns[self.id_field], self.pipeline.label_targets(columns)
+        else:  # inline labels: the events themselves
+            valid, kept, bad = self.label_schema.decode_many(values)
+            ids, targets = [m[self.id_field] for m in valid], self.pipeline.targets(valid)
         if bad:
             self.skipped["labels"] += len(bad)
-        if not valid:
-            return 0
-        targets = (self.pipeline.label_targets(valid) if self.pipeline.labels is not None
-                   else self.pipeline.targets(valid))
-        return self.quality.add_labels([str(m[self.id_field]) for m in valid], targets, now)
+        return self.quality.add_labels(list(map(str, ids)), targets, now) if kept else 0
 
     def row(self) -> dict[str, Any]:
         """Expire what waited too long, then the figures now: one line of served.jsonl."""

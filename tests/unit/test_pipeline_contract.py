@@ -83,7 +83,8 @@ def test_a_pipeline_with_joined_labels_learns_their_field():
     p = load_pipeline("fraud_delayed")
     assert p.labels is not None and "is_fraud" not in {f.name for f in p.schema.fields}
     raw = [b'{"event_id":"1-%d","label":%s,"label_time":5}' % (i, b"true" if i % 3 else b"false") for i in range(6)]
-    labels = [p.labels.schema.decode(r) for r in raw]
+    labels, kept, bad = p.labels.schema.decode_columns(raw)
+    assert kept == list(range(6)) and not bad
     assert p.label_targets(labels).tolist() == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
     with pytest.raises(BadEvent, match="oversized"):
         p.labels.schema.decode(b'{"event_id":"' + b"x" * 200 + b'","label":true}')

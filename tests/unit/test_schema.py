@@ -57,6 +57,39 @@ def test_every_kind_of_bad_event_gets_its_reason(raw, code, mentions):
     assert mentions in reason
 
 
+BAD_VALUES = [raw for raw, _code, _mentions in test_every_kind_of_bad_event_gets_its_reason.pytestmark[0].args[1]]
+
+
+def _as_columns(events: list[dict]) -> dict[str, list]:
+    return {f.name: [e[f.name] for e in events] for f in TRANSACTION.fields}
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES + [None])
+def test_columns_give_the_same_verdicts_as_events(bad):
+    """decode_columns is decode_many as columns: a slice with one bad value among good ones."""
+    values = [with_(event_id="a"), bad, with_(event_id="b", amount=3)]
+    columns, kept, rejected = TRANSACTION.decode_columns(values)
+    events, kept_many, rejected_many = TRANSACTION.decode_many(values)
+    assert (kept, rejected) == (kept_many, rejected_many) == ([0, 2], rejected_many)
+    assert len(rejected) == 1 and rejected[0][0] == 1
+    assert columns == _as_columns(events)
+
+
+def test_an_all_valid_slice_is_checked_as_columns_without_event_dicts(monkeypatch):
+    values = [with_(event_id=f"e{i}", amount=float(i), card_present=i % 2 == 0) for i in range(50)]
+    expected = _as_columns(TRANSACTION.decode_many(values)[0])
+    monkeypatch.setattr(Schema, "decode_many", lambda *_: pytest.fail("the column fast path fell back"))
+    columns, kept, rejected = TRANSACTION.decode_columns(values)
+    assert columns == expected and kept == list(range(50)) and rejected == []
+    assert TRANSACTION.decode_columns([]) == ({f.name: [] for f in TRANSACTION.fields}, [], [])
+
+
+def test_columns_of_optional_fields_take_their_default():
+    schema = Schema("s", (Field("a", "float"), Field("b", "str", required=False, default="x")))
+    assert schema.decode_columns([b'{"a": 1}', b'{"a": 2.5, "b": "y"}']) == ({"a": [1.0, 2.5], "b": ["x", "y"]},
+                                                                         [0, 1], [])
+
+
 def test_reject_mode_names_unknown_fields():
     strict = Schema("strict", (Field("a", "int"),), extra="reject")
     with pytest.raises(BadEvent, match="unknown_field: 'b'"):
