@@ -19,6 +19,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from streamlearn.config import REPO_ROOT, KafkaSettings, cache_dir
 from streamlearn.errors import StreamlearnError
 from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
@@ -59,6 +61,8 @@ def run_demo(cfg: DemoConfig) -> None:
     checkpoints = cfg.home / "checkpoints"
     cfg.home.mkdir(parents=True, exist_ok=True)
     with ExitStack() as cleanup:
+        started: list[psutil.Process] = []  # what the demo started, taken as it stops (below)
+        cleanup.callback(_wait_gone, started)  # the last step of the stop
         say("starting Kafka (embedded, KRaft) ...")
         broker = EmbeddedKafka(port=9092 if not port_in_use(9092) else 0, data_dir=cfg.home / "kafka").start()
         cleanup.callback(broker.stop)
@@ -109,10 +113,26 @@ def run_demo(cfg: DemoConfig) -> None:
         caller.start()  # a share of the live events scored, as the bank's payment system would
         cleanup.callback(stop_caller.set)
 
+        # The first step of the stop: every process the demo started (Ray's, the job's, Serve's).
+        cleanup.callback(lambda: started.extend(psutil.Process().children(recursive=True)))
         print(banner(dashboard, url, broker.bootstrap, job_id, serve_cfg.run_dir, client_auth(),
                      os.environ.get(PROMETHEUS_HOST_VAR)), flush=True)
         watch(cfg, kafka, url, serve_cfg.run_dir, until=time.monotonic() + (cfg.duration_s or float("inf")))
         say("stopping everything the demo started ...")
+
+
+def _wait_gone(procs: list[psutil.Process], grace_s: float = 30.0) -> None:
+    """After the orderly stop: wait for what the demo started to exit, and SIGKILL what has not
+    within `grace_s`. Stopping the job and ray.shutdown() return before every worker process
+    has exited; a demo that returned then left some running (a fresh-clone CI failure of
+    test_demo: six processes of the demo's session alive after Ctrl-C)."""
+    _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass  # gone meanwhile
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _submit(jobs, entrypoint: str, patience_s: float = 60.0) -> str:
