@@ -31,7 +31,7 @@ from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
-from streamlearn.train.coordinator import Coordinator, await_handover, broadcast
+from streamlearn.train.coordinator import Coordinator, await_handover, broadcast, exchange
 from streamlearn.train.drift import Alarm, Watch, for_pipeline
 from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.phases import Phases, trace_allreduce
@@ -100,15 +100,21 @@ def train_loop_per_worker(config: dict) -> None:
         ahead: deque = deque()  # (window, its read under way), planned and not yet learned, oldest first
         last_planned: list[Window] = []
 
-        def plan_ahead() -> None:
+        def due() -> bool:
             # Keep the stream's lookahead of windows planned and reading (the direct path reads
             # one window ahead; Ray Data's pipeline needs several in flight to not wait on its
-            # own latency), and none past the window that stops the run.
-            while len(ahead) < stream.lookahead and not (last_planned and last_planned[0].stop):
+            # own latency), and none past the window that stops the run. The same on every
+            # rank: `ahead` holds the same plans everywhere.
+            return len(ahead) < stream.lookahead and not (last_planned and last_planned[0].stop)
+
+        def start_reading(planned: Window) -> None:
+            ahead.append((planned, stream.prefetch(planned)))
+            last_planned[:] = [planned]
+
+        def plan_ahead() -> None:
+            while due():
                 with phases("plan"):
-                    planned = broadcast(coordinator.next_window() if coordinator else None, rank)
-                ahead.append((planned, stream.prefetch(planned)))
-                last_planned[:] = [planned]
+                    start_reading(broadcast(coordinator.next_window() if coordinator else None, rank))
 
         plan_ahead()
         startup.mark("first_window_planned")
@@ -117,10 +123,19 @@ def train_loop_per_worker(config: dict) -> None:
             with phases("wait_data"):
                 batch = pending.result()
             startup.mark("first_batch_read")
-            plan_ahead()  # plan and start reading the next window while this one trains
-            steps, batch_loss, learned_fp = learn(model, optimizer, pipeline, batch, cfg, rank, device, recent,
-                                                  phases)
-            # What a window costs beyond reading and learning it: its plan (with the broadcast) and the size sync.
+            # Plan the next window (read while this one trains) and tell every rank every rank's
+            # size of this one, in one collective.
+            more = due()
+            with phases("plan"):
+                planned = coordinator.next_window() if coordinator and more else None
+            with phases("sync"):
+                planned, sizes = exchange(planned, batch.size, rank)
+            if more:
+                start_reading(planned)
+            plan_ahead()  # only where the lookahead still wants more (at start, Ray Data's)
+            steps, batch_loss, learned_fp = learn(model, optimizer, pipeline, batch, sizes, cfg, rank, device,
+                                                  recent, phases)
+            # What a window costs beyond reading and learning it: its plan and the collective carrying it.
             overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
             stream.dead_letter(batch)
             record_window(pipeline.name, batch.size, dead_by_reason(batch.bad + batch.bad_labels),
@@ -157,12 +172,10 @@ def train_loop_per_worker(config: dict) -> None:
     log("worker_stopped", rank=rank, version=lineage.version)
 
 
-def learn(model, optimizer, pipeline: Pipeline, batch: Batch, cfg: TrainConfig, rank: int, device,
-          recent: Watch, phases: Phases) -> tuple[int, float, int]:
-    """Predict-then-learn over this rank's slice, in exactly as many steps as every other rank.
-    Returns (steps, summed loss, fingerprint of the rows learned)."""
-    with phases("sync"):
-        sizes = _all_sizes(batch.size)  # one small collective tells every rank every rank's size
+def learn(model, optimizer, pipeline: Pipeline, batch: Batch, sizes: list[int], cfg: TrainConfig, rank: int,
+          device, recent: Watch, phases: Phases) -> tuple[int, float, int]:
+    """Predict-then-learn over this rank's slice (`sizes`: every rank's, by rank), in exactly as
+    many steps as every other rank. Returns (steps, summed loss, fingerprint of the rows learned)."""
     steps = max(math.ceil(n / cfg.batch_size) for n in sizes)
     if steps == 0:
         return 0, 0.0, 0
@@ -361,15 +374,6 @@ def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int,
                             label_positions=labels)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
                        world=world, controller=controller, label_reader=getattr(stream, "label_reader", None))
-
-
-def _all_sizes(n: int) -> list[int]:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [n]
-    sizes = torch.zeros(dist.get_world_size(), dtype=torch.int64)
-    sizes[dist.get_rank()] = n
-    dist.all_reduce(sizes)
-    return sizes.tolist()
 
 
 def _split_size(n: int, parts: int, index: int) -> int:
