@@ -6,13 +6,15 @@ that nothing in streamlearn is specific to classification or to the fraud pipeli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import nn
 
 from pipelines.banking import N_CATEGORICAL, TRANSACTION, categorical_columns, column, with_categoricals
 from streamlearn.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class Amount(Pipeline):
@@ -36,6 +38,8 @@ class Amount(Pipeline):
         return np.log1p(column(events, "amount"))  # log space: amounts span five orders of magnitude
 
     def build_model(self) -> nn.Module:
+        from torch import nn  # only here: see streamlearn/pipeline.py
+
         head = nn.Linear(32, 1)
         # Start at the typical log amount (~4.3, i.e. ~75 in currency), as a classifier starts
         # at the prior odds: the first events then teach the pattern, not the scale.

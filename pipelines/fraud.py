@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import nn
 
 from pipelines.banking import N_CATEGORICAL, TRANSACTION, categorical_columns, column, hour_of_day, with_categoricals
 from streamlearn.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class Fraud(Pipeline):
@@ -39,17 +41,10 @@ class Fraud(Pipeline):
         return column(events, "is_fraud")
 
     def build_model(self) -> nn.Module:
+        # Torch only here: Ray Data's decode workers import this module to featurize (pipeline.py).
+        from pipelines.mlp import FraudMLP
+
         return FraudMLP(self.n_features)
-
-
-class FraudMLP(nn.Module):
-    def __init__(self, n_features: int, hidden: int = 64):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, 1))
-
-    def forward(self, x):
-        return self.net(x).squeeze(-1)
 
 
 PIPELINE = Fraud

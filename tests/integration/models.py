@@ -44,6 +44,6 @@ class HeavyFraud(load_pipeline("fraud").__class__):
     name = "fraud-heavy"
 
     def build_model(self):
-        from pipelines.fraud import FraudMLP
+        from pipelines.mlp import FraudMLP
 
         return FraudMLP(self.n_features, hidden=1024)
