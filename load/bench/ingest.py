@@ -181,7 +181,7 @@ def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict], dela
         "| per run (median) | direct, 1 worker | direct, 2 workers | ray-data, 2 workers |", "|---|---:|---:|---:|",
         f"| checkpointing, share of the steady wall time (training thread) | {one['checkpoint_share']:.1%} | "
         f"{two['checkpoint_share']:.1%} | {rd['checkpoint_share']:.1%} |",
-        f"| per-window overhead (plan + broadcast + size sync), ms | {one['window_overhead_ms_median']:.2f} | "
+        f"| per-window overhead (plan + its collective with the sizes), ms | {one['window_overhead_ms_median']:.2f} | "
         f"{two['window_overhead_ms_median']:.2f} | {rd['window_overhead_ms_median']:.2f} |",
         "",
         "Where the first step's seconds went (1 worker, the median run; seconds since `train()` was called on a "
