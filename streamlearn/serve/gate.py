@@ -10,8 +10,8 @@ against the lineage's last approved version, and records the decision in
 A record is created by hard-linking a finished temp file to its final name: the link is
 atomic and fails if another replica got there first, so a version has one decision and
 nobody reads half of one. An approval also announces its moment (`serve_at`, a swap delay
-after the decision): every replica loads the version before then and switches at that
-moment, so replicas agree and a caller never sees the version go back.
+after the record is written): every replica loads the version before then and switches at
+that moment, so replicas agree and a caller never sees the version go back.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import json
 import math
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ from streamlearn.logs import log
 from streamlearn.train.prequential import headline
 
 DECISIONS_DIR = "decisions"
+# An approval's moment is at most this share of the swap delay older than its link, so a replica
+# that read the ledger just before the link still has the rest of the delay to see it
+# (ModelStore.serving polls on the request path when its poller is that late).
+STAMP_SLACK = 0.25
 
 
 @dataclass(frozen=True)
@@ -71,20 +76,30 @@ class Ledger:
             log("serve_bad_decision", level="warning", version=version, error=str(e))
             return None
 
-    def record(self, decision: Decision, *, replace: bool = False) -> Decision:
-        """Record `decision` unless another replica recorded one first; return the one that stands.
-        `replace` overwrites a stale record (its checkpoint was rewritten in place)."""
+    def record(self, decision: Decision, *, overwrite: bool = False, swap_delay_s: float = 0.0
+               ) -> tuple[Decision, bool]:
+        """Record `decision` unless another replica recorded one first: (the one that stands, ours?).
+        `overwrite` replaces a stale record (its checkpoint was rewritten in place). An approval's
+        `serve_at` is stamped here, `swap_delay_s` after the write, and stamped again if the write
+        took more than STAMP_SLACK of the delay (a stalled process): whoever read the ledger
+        before the link has at least the rest of the delay to learn of it."""
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".v{decision.version}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(json.dumps(decision.describe()))
+        stamp = decision.approved and swap_delay_s > 0
+        while True:
+            if stamp:
+                decision = replace(decision, serve_at=time.time() + swap_delay_s)
+            tmp.write_text(json.dumps(decision.describe()))
+            if not stamp or time.time() <= decision.serve_at - swap_delay_s * (1 - STAMP_SLACK):
+                break
         try:
-            if replace:
+            if overwrite:
                 os.replace(tmp, self._path(decision.version))
-                return decision
+                return decision, True
             os.link(tmp, self._path(decision.version))
-            return decision
+            return decision, True
         except FileExistsError:
-            return self.read(decision.version) or decision
+            return self.read(decision.version) or decision, False
         finally:
             tmp.unlink(missing_ok=True)
 

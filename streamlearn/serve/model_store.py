@@ -34,7 +34,15 @@ from streamlearn.errors import CheckpointError
 from streamlearn.logs import bind, log
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.serve.config import ServeConfig
-from streamlearn.serve.gate import Decision, Ledger, online_metric, quality_problem, replica_id, weights_problem
+from streamlearn.serve.gate import (
+    STAMP_SLACK,
+    Decision,
+    Ledger,
+    online_metric,
+    quality_problem,
+    replica_id,
+    weights_problem,
+)
 from streamlearn.train import checkpoint
 from streamlearn.train.phases import Phases
 
@@ -144,6 +152,8 @@ class ModelStore:
         self.last_rejection: Decision | None = None
         self.rejections: Counter[str] = Counter()  # kinds of the refused versions this replica has seen
         self.late_swaps = 0  # approvals this replica saw only after their moment had passed
+        self.request_polls = 0  # polls a request made because the poller was late (serving())
+        self._polled_at = 0.0  # wall clock at the start of the last finished poll: every record older is known
         self._decisions: dict[int, Decision] = {}  # the ledger, as read so far
         self._judged: dict[int, ServingModel] = {}  # built while judging: not loaded twice
         # version -> SHA256SUMS mtime of a checkpoint that failed to load here (corrupt after its
@@ -168,7 +178,14 @@ class ModelStore:
     def serving(self) -> ServingModel | None:
         """The model a request uses. A loaded version whose moment has come replaces the old
         one here, on the request path, so no replica answers with the old version after
-        another has answered with the new one, whatever its poll thread is doing."""
+        another has answered with the new one, whatever its poll thread is doing: if that thread
+        has not read the ledger for (1 - STAMP_SLACK) of the swap delay, an approval it has not
+        seen may be due, and the request reads the ledger itself first."""
+        if self.swap_delay_s and time.time() >= self._polled_at + self.swap_delay_s * (1 - STAMP_SLACK):
+            self._poll_late()
+        return self._switch_if_due()
+
+    def _switch_if_due(self) -> ServingModel | None:
         queue = self._queue
         if queue and queue[0].swapped_at <= time.time():
             now = time.time()
@@ -177,23 +194,44 @@ class ModelStore:
                 self.current = due
         return self.current
 
+    def _poll_late(self) -> None:
+        """Poll for a request, because the poller is late (a thread starved of CPU on a loaded host,
+        a slow judgement). Waits for a poll already under way, then polls only if that one is
+        stale too. Costs a request a poll only when the alternative was a possibly stale answer."""
+        asked, last = time.time(), self._polled_at
+        with self._poll_lock:
+            if time.time() < self._polled_at + self.swap_delay_s * (1 - STAMP_SLACK):
+                return  # the poll we waited for started recently enough
+            try:
+                self._poll()
+            except Exception as e:  # the answer goes out on what is loaded; the poller tries again
+                log("serve_poll_failed", level="error", error=f"{type(e).__name__}: {e}", on_request=True)
+                return
+        self.request_polls += 1
+        log("serve_poll_on_request", level="warning", poller_late_s=round(asked - last, 3))
+
     # -- polling --
 
     def poll_once(self) -> bool:
         """Look at the run directory once: decide new versions, load what is to be served next,
         switch if its moment has come. True if the served model changed."""
         with self._poll_lock:
-            before = self.current
-            pin = self._read_pin()
-            available = checkpoint.list_checkpoints(self.run_dir)
-            self._forget_pruned({v for v, _ in available})
-            self._decide(available)
-            self._prepare(self._target(available, pin), dict(available))
-            self._judged.clear()  # built while judging but not the target (e.g. pinned meanwhile): let it go
-            served = self.serving()  # superseded and served entries leave the queue, due ones stay till served
-            self._queue = tuple(m for m in self._queue if served is None or m.swapped_at > served.swapped_at)
-            self._announce()
-            return self.current is not before
+            return self._poll()
+
+    def _poll(self) -> bool:
+        started = time.time()
+        before = self.current
+        pin = self._read_pin()
+        available = checkpoint.list_checkpoints(self.run_dir)
+        self._forget_pruned({v for v, _ in available})
+        self._decide(available)
+        self._prepare(self._target(available, pin), dict(available))
+        self._judged.clear()  # built while judging but not the target (e.g. pinned meanwhile): let it go
+        served = self._switch_if_due()  # superseded and served entries leave the queue, due ones stay till served
+        self._queue = tuple(m for m in self._queue if served is None or m.swapped_at > served.swapped_at)
+        self._announce()
+        self._polled_at = started
+        return self.current is not before
 
     def _read_pin(self) -> tuple[int, float] | None:
         """(pinned version, the moment every replica switches to it) or None."""
@@ -256,12 +294,13 @@ class ModelStore:
             return None
         else:
             decision = Decision(version, True, None, None, online_metric(loaded.meta, self.pipeline.task),
-                                baseline.version if baseline else None, wall, time.time() + self.swap_delay_s,
+                                baseline.version if baseline else None, wall, time.time(),  # stamped by record
                                 replica_id(), signature)
         existing = self.ledger.read(version)  # only a record of an earlier file under this version is replaced
-        standing = self.ledger.record(decision, replace=existing is not None and existing.signature != signature)
-        if standing is decision:  # ours: this replica speaks for the lineage
-            self._announce_decision(decision, wall, time.perf_counter() - started)
+        stale = existing is not None and existing.signature != signature
+        standing, ours = self.ledger.record(decision, overwrite=stale, swap_delay_s=self.swap_delay_s)
+        if ours:  # this replica speaks for the lineage
+            self._announce_decision(standing, wall, time.perf_counter() - started)
         if loaded is not None and standing.approved:
             self._judged[version] = loaded
         self._remember(standing)
@@ -492,6 +531,7 @@ class ModelStore:
             "next": [{"version": m.version, "serve_at": m.swapped_at} for m in queue if m is not serving],
             "swap_delay_s": self.swap_delay_s,
             "late_swaps": self.late_swaps,
+            "request_polls": self.request_polls,
             "pinned": self.pinned,
             "serving_pinned": serving is not None and serving.pinned,
             "quality_tolerance": self.quality_tolerance,

@@ -443,3 +443,58 @@ def test_retention_keeps_what_a_new_replica_must_serve(run_dir):
         _write_through_trainer(writer, version, auc=0.50)
     writer.close()
     assert [v for v, _ in checkpoint.list_checkpoints(run_dir)] == [1, 5, 8, 9]
+
+
+def test_a_replica_whose_poller_is_late_still_switches_at_the_moment(run_dir):
+    """A replica's poll thread starved past the moment (a loaded host: CI saw one answer v38 after
+    the other had answered v39) must not answer with the old version: the request reads the ledger."""
+    a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=0.4, poll_interval_s=0.1) for _ in range(2))
+    write_checkpoint(run_dir, 1)
+    a.poll_once()
+    b.poll_once()
+    time.sleep(max(0.0, a.ledger.read(1).serve_at - time.time()) + 0.01)
+    assert a.serving().version == b.serving().version == 1
+    b.poll_once()
+    write_checkpoint(run_dir, 2)
+    a.poll_once()  # decides v2; b's poller never runs again in this test
+    polls = b.request_polls
+    moment = a.ledger.read(2).serve_at
+    assert moment - time.time() > 0.4 * 0.7  # stamped at the write: the delay is not eaten by the judging
+    time.sleep(max(0.0, moment - time.time()) + 0.01)
+    assert a.serving().version == 2
+    assert b.serving().version == 2 and b.request_polls == polls + 1 == b.status()["request_polls"]
+
+
+def test_a_request_does_not_poll_while_the_poller_keeps_up(run_dir):
+    store = ModelStore(FRAUD, run_dir, swap_delay_s=0.4, poll_interval_s=0.1)
+    write_checkpoint(run_dir, 1)
+    store.poll_once()
+    for _ in range(5):
+        time.sleep(0.1)
+        store.poll_once()
+        store.serving()
+    assert store.serving().version == 1 and store.request_polls == 0
+
+
+def test_an_approval_is_stamped_again_when_its_write_stalls(run_dir, monkeypatch):
+    """The moment must be at most STAMP_SLACK of the delay older than the link: a replica that read
+    the ledger just before it counts on the rest of the delay."""
+    from streamlearn.serve import gate
+
+    ledger = gate.Ledger(run_dir)
+    decision = gate.Decision(1, True, None, None, 0.8, None, time.time(), 0.0, "test", None)
+    writes = []
+    real = Path.write_text
+
+    def slow_first_write(path, text, *args, **kwargs):
+        writes.append(json.loads(text)["serve_at"])
+        if len(writes) == 1:
+            time.sleep(0.3)  # more than a quarter of the 1 s delay
+        return real(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", slow_first_write)
+    standing, ours = ledger.record(decision, swap_delay_s=1.0)
+    linked = time.time()
+    assert ours and len(writes) == 2 and standing.serve_at == writes[1] > writes[0]
+    assert standing.serve_at - linked >= 1.0 * (1 - gate.STAMP_SLACK)
+    assert ledger.read(1).serve_at == standing.serve_at
