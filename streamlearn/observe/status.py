@@ -164,8 +164,9 @@ def _gate(model: dict, now: float) -> str:
     if upcoming:
         said += "; next " + ", ".join(f"v{n.get('version')} in {_num(n.get('serve_at', now) - now, 1)} s"
                                       for n in upcoming)
-    late = model.get("late_swaps")
-    return said + (f"; {late} late swaps on this replica" if late else "")
+    late, polls = model.get("late_swaps"), model.get("request_polls")
+    return (said + (f"; {polls} requests polled for a late poller" if polls else "")
+            + (f"; {late} late swaps on this replica" if late else ""))
 
 
 def _scoring(scoring: Any) -> str:

@@ -101,9 +101,10 @@ def test_status_command_once_without_sources_prints_plain_unavailable(tmp_path):
 
 def test_status_shows_the_lineage_decision_and_the_next_swap():
     model = MODEL | {"decision": {"version": 41, "approved": True, "by": "node-a:311", "compared_with": 39},
-                     "next": [{"version": 43, "serve_at": NOW + 0.6}], "late_swaps": 2}
+                     "next": [{"version": 43, "serve_at": NOW + 0.6}], "late_swaps": 2, "request_polls": 3}
     flat = " ".join(render_text(SNAPSHOT, model, now=NOW).split())
-    assert "approved by node-a:311 against v39; next v43 in 0.6 s; 2 late swaps on this replica" in flat, flat
+    assert ("approved by node-a:311 against v39; next v43 in 0.6 s; 3 requests polled for a late poller; "
+            "2 late swaps on this replica") in flat, flat
 
 
 def test_status_shows_the_quality_of_what_was_served_or_how_to_measure_it():
