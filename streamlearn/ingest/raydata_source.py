@@ -6,8 +6,8 @@ Ray Data 2.60 has no unbounded source, and one Dataset per window costs seconds 
 the run does: its read tasks are *lanes*, each a generator that takes window after window
 from a `WindowFeed` actor (rank 0 puts each planned window there) and reads its share of the
 window's offsets with the same long-lived `RangeReader` as the direct path. The decode stage
-(an actor pool in `map_batches`) parses, validates and featurizes, and passes bad events on
-with their reasons (the ranks dead-letter them, as in the direct path); the ranks
+(`map_batches`, fused by Ray Data into the lanes) parses, validates and featurizes, and passes
+bad events on with their reasons (the ranks dead-letter them, as in the direct path); the ranks
 receive decoded windows through `streaming_split(equal=False)`, in whatever order and on
 whatever rank Ray Data hands them out.
 
@@ -35,10 +35,10 @@ from streamlearn.ingest.stream import featurize
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
 
-# Read lanes hold a Kafka consumer each and mostly wait on the network; decode actors parse
-# JSON. On two cores both must leave the trainers their share: fractions, never Ray's 1 CPU.
-LANE_CPUS = 0.1
-DECODE_CPUS = 0.25
+# A lane reads its share of each window and decodes it (JSON parsing is the stage's CPU cost).
+# On two cores it must leave the trainers their share: a fraction, never Ray's 1 CPU. The read
+# and the decode ask the same, so Ray Data fuses them into one task per lane (see `build`).
+LANE_CPUS = 0.25
 KEEP_WINDOWS = 8  # recent windows the feed keeps; a lane is at most the lookahead (3) behind it
 # A lane that has waited this long on Kafka asks whether its group still lives before waiting
 # on: a lane of a group that is gone (failed, resized away) ends instead of reading for minutes.
@@ -158,35 +158,30 @@ class KafkaWindows(ray.data.Datasource):
         return [ray.data.ReadTask(task(lane), meta) for lane in range(self.lanes)]
 
 
-class Decode:
-    """The decode stage (one actor of a pool): parse, validate, featurize and fingerprint. Bad
-    events travel on with their bytes and reason; the rank that learns their window writes
-    them to the dead-letter topic, in window order, as the direct path does. Written here, a
-    stage running windows ahead of training, retried by Ray Data, or outliving a killed group
-    by a moment wrote one dead letter twice in 1,185 under two worker kills (CI, measured)."""
-
-    def __init__(self, pipeline: Pipeline):
-        self.pipeline = pipeline
-
-    def __call__(self, slices: pa.Table) -> pa.Table:
-        out: dict[str, list] = {name: [] for name in DECODED.names}
-        for row in slices.to_pylist():
-            started = time.perf_counter()
-            values = row["value"]
-            events, kept, bad = self.pipeline.schema.decode_many(values)
-            x, y, kept, bad = featurize(self.pipeline, events, kept, bad)
-            crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
-            bad = sorted(bad)
-            x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
-            decoded = {"window": row["window"], "rows": len(values), "x": x.tobytes(), "x_dtype": x.dtype.str,
-                       "y": y.tobytes(), "y_dtype": y.dtype.str, "crc": crcs.tobytes(),
-                       "bad_partition": [row["partition"][i] for i, _ in bad],
-                       "bad_offset": [row["offset"][i] for i, _ in bad], "bad_reason": [r for _, r in bad],
-                       "bad_value": [values[i] for i, _ in bad],
-                       "read_s": row["read_s"], "decode_s": time.perf_counter() - started}
-            for name, value in decoded.items():
-                out[name].append(value)
-        return pa.table(out, schema=DECODED)
+def decode(slices: pa.Table, pipeline: Pipeline) -> pa.Table:
+    """The decode stage, run in the lane that read the slices: parse, validate, featurize and
+    fingerprint. Bad events travel on with their bytes and reason; the rank that learns their
+    window writes them to the dead-letter topic, in window order, as the direct path does.
+    Written here, a stage running windows ahead of training, retried by Ray Data, or outliving a
+    killed group by a moment wrote one dead letter twice in 1,185 under two worker kills (CI)."""
+    out: dict[str, list] = {name: [] for name in DECODED.names}
+    for row in slices.to_pylist():
+        started = time.perf_counter()
+        values = row["value"]
+        events, kept, bad = pipeline.schema.decode_many(values)
+        x, y, kept, bad = featurize(pipeline, events, kept, bad)
+        crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
+        bad = sorted(bad)
+        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        decoded = {"window": row["window"], "rows": len(values), "x": x.tobytes(), "x_dtype": x.dtype.str,
+                   "y": y.tobytes(), "y_dtype": y.dtype.str, "crc": crcs.tobytes(),
+                   "bad_partition": [row["partition"][i] for i, _ in bad],
+                   "bad_offset": [row["offset"][i] for i, _ in bad], "bad_reason": [r for _, r in bad],
+                   "bad_value": [values[i] for i, _ in bad],
+                   "read_s": row["read_s"], "decode_s": time.perf_counter() - started}
+        for name, value in decoded.items():
+            out[name].append(value)
+    return pa.table(out, schema=DECODED)
 
 
 # One decoded window slice: its matrices as raw bytes (the rank rebuilds them with np.frombuffer;
@@ -199,18 +194,24 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 
-def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline, feed, lanes: int, decoders: int,
+def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline, feed, lanes: int,
           name: str) -> ray.data.Dataset:
-    """The Dataset of decoded window slices. Built on rank 0 once per group; runs from the first pull."""
+    """The Dataset of decoded window slices. Built on rank 0 once per group; runs from the first pull.
+
+    Read and decode are one task per lane: a task-pool `map_batches` with the read's size and
+    CPUs, which Ray Data fuses into the read. A pool of decode actors (the first design) added
+    two processes and an object-store hop per slice on the two cores the trainers use; fused,
+    the mode learned at 0.95x the direct path instead of 0.72x (side run, DECISIONS.md §1).
+    `test_raydata_lanes` checks the plan stays fused."""
     ctx = ray.data.DataContext.get_current()
     ctx.target_max_block_size = 1  # one row (a whole window slice) per block: see the module docstring
     ctx.enable_progress_bars = False  # worker logs are not a terminal; the dashboard's Data view shows progress
     source = KafkaWindows(settings, topic, group_id, feed, lanes)
-    ds = ray.data.read_datasource(source, override_num_blocks=lanes, num_cpus=LANE_CPUS,
-                                  compute=ray.data.TaskPoolStrategy(size=lanes))
+    lane = {"num_cpus": LANE_CPUS, "compute": ray.data.TaskPoolStrategy(size=lanes)}  # the same both: fused
+    ds = ray.data.read_datasource(source, override_num_blocks=lanes, **lane)
+    ds = ds.map_batches(decode, batch_size=None, batch_format="pyarrow", **lane,
+                        # The pipeline object itself (pickled by reference to its module), not its
+                        # name: `--pipeline package.module:attribute` names no file under pipelines/.
+                        fn_kwargs={"pipeline": pipeline})
     ds.set_name(name)  # what the dashboard's Data view and `streamlearn status` call it
-    return ds.map_batches(Decode, batch_size=None, batch_format="pyarrow",
-                          compute=ray.data.ActorPoolStrategy(size=decoders), num_cpus=DECODE_CPUS,
-                          # The pipeline object itself (pickled by reference to its module), not its
-                          # name: `--pipeline package.module:attribute` names no file under pipelines/.
-                          fn_constructor_kwargs={"pipeline": pipeline})
+    return ds

@@ -36,8 +36,7 @@ from streamlearn.pipeline import Pipeline
 from streamlearn.train.coordinator import broadcast
 from streamlearn.train.phases import Phases
 
-LANES = 2  # read tasks (Kafka consumers) in the Dataset; each reads whole partitions of every window
-DECODERS = 2  # decode actors: JSON parsing is the stage's CPU cost
+LANES = 2  # read tasks (Kafka consumers) in the Dataset; each reads and decodes whole partitions of every window
 LOOKAHEAD = 3
 POLL_S = 0.005  # how long a rank waits for a slice before the next completion count
 # No slice at all for this long while a window is incomplete: the pipeline stalled. The group
@@ -76,13 +75,13 @@ class RayDataStream:
 
     def _open(self) -> None:
         """Rank 0 builds the group's Dataset and every rank starts pulling at once: Ray Data's
-        workers (read lanes, decode actors, the split coordinator) start while the trainers
+        workers (read lanes, the split coordinator) start while the trainers
         build the model and restore. Nothing flows before rank 0 feeds the first window."""
         iterators = None
         if self.rank == 0:
             self._feed = source.WindowFeed.remote()
             ds = source.build(self.settings, self.topic, self.group_id, self.pipeline,
-                              self._feed, LANES, DECODERS, self.dataset_name)
+                              self._feed, LANES, self.dataset_name)
             iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
         iterator = broadcast(iterators, self.rank)[self.rank]
         threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
@@ -196,9 +195,9 @@ class RayDataStream:
 
     def ingest_stats(self) -> dict:
         """Since the last checkpoint, for its metrics and `streamlearn status`: the Ray Data stage's
-        work on the slices this rank learned (read in the lanes, parse + featurize in the actors)."""
+        work on the slices this rank learned (read, parsed and featurized in the lanes)."""
         stats, self.stats = self.stats, {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
-        return {"mode": "ray-data", "dataset": self.dataset_name, "lanes": LANES, "decoders": DECODERS,
+        return {"mode": "ray-data", "dataset": self.dataset_name, "lanes": LANES,
                 **{k: round(v, 3) for k, v in stats.items()}}
 
     def dead_letter(self, batch: Batch) -> None:
