@@ -110,12 +110,21 @@ def main() -> None:
                  labels=LabelPlan(parse_label_delay("uniform:0:1")))
         base = [baseline(broker.bootstrap, args.events) for _ in range(args.runs)]
         start_bench_ray()
-        runs = {w: [pipeline_rate(broker.bootstrap, args.events, w, home) for _ in range(args.runs)] for w in (1, 2)}
-        rd = [pipeline_rate(broker.bootstrap, args.events, 2, home, ingest="ray-data") for _ in range(args.runs)]
-        delayed = {w: [pipeline_rate(broker.bootstrap, args.events, w, home, topic=DELAYED, pipeline="fraud_delayed")
-                       for _ in range(args.runs)] for w in (1, 2)}
+        contenders = {"direct-1": {"workers": 1}, "direct-2": {"workers": 2},
+                      "ray-data-2": {"workers": 2, "ingest": "ray-data"},
+                      "delayed-1": {"workers": 1, "topic": DELAYED, "pipeline": "fraud_delayed"},
+                      "delayed-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed"}}
+        # Round after round, every contender once per round, not each contender's runs in a block:
+        # this machine's speed drifts by tens of percent within minutes, and blocks turned that
+        # drift into ratios (Ray Data against direct, same code and hour: 0.95x alternating,
+        # 0.72x in blocks, 2026-11-26).
+        done: dict[str, list[dict]] = {name: [] for name in contenders}
+        for _ in range(args.runs):
+            for name, kwargs in contenders.items():
+                done[name].append(pipeline_rate(broker.bootstrap, args.events, home=home, **kwargs))
         ray.shutdown()
-    report(args.events, base, runs, rd, delayed)
+    report(args.events, base, {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"],
+           {1: done["delayed-1"], 2: done["delayed-2"]})
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -160,7 +169,8 @@ def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict], dela
         f"Whole pipeline, {n:,} fraud events on 4 partitions, the same data for every contender, default settings "
         f"(`TrainConfig()`: {defaults.window_events:,}-event windows, batch {defaults.batch_size} per worker, "
         f"checkpoints every {defaults.checkpoint_every_s:g} s or {defaults.checkpoint_every_steps} steps); "
-        f"medians of {len(base_runs)} runs each. {machine_line()}",
+        f"medians of {len(base_runs)} runs each (the baseline's first, before Ray starts; then the streamlearn "
+        f"contenders round after round, one run each per round). {machine_line()}",
         "",
         "| contender | learned events/s (steady) | ratio to baseline | first step after `train()` | end to end |",
         "|---|---:|---:|---:|---:|",
