@@ -206,6 +206,9 @@ class ModelStore:
                 self._poll()
             except Exception as e:  # the answer goes out on what is loaded; the poller tries again
                 log("serve_poll_failed", level="error", error=f"{type(e).__name__}: {e}", on_request=True)
+                # Not every request again: a checkpoint directory that fails (a storage outage)
+                # would cost each request a failed poll and a log line. Once a poll interval.
+                self._polled_at = time.time() - self.swap_delay_s * (1 - STAMP_SLACK) + self.poll_interval_s
                 return
         self.request_polls += 1
         log("serve_poll_on_request", level="warning", poller_late_s=round(asked - last, 3))

@@ -498,3 +498,26 @@ def test_an_approval_is_stamped_again_when_its_write_stalls(run_dir, monkeypatch
     assert ours and len(writes) == 2 and standing.serve_at == writes[1] > writes[0]
     assert standing.serve_at - linked >= 1.0 * (1 - gate.STAMP_SLACK)
     assert ledger.read(1).serve_at == standing.serve_at
+
+
+def test_a_request_poll_that_fails_is_not_retried_by_every_request(run_dir, monkeypatch):
+    """Storage failing under the checkpoint directory: the answer goes out on the loaded model, and
+    the requests after it do not each poll (and log) again until a poll interval has passed."""
+    store = ModelStore(FRAUD, run_dir, swap_delay_s=0.4, poll_interval_s=0.1)
+    write_checkpoint(run_dir, 1)
+    store.poll_once()
+    time.sleep(max(0.0, store.ledger.read(1).serve_at - time.time()) + 0.01)
+    assert store.serving().version == 1
+    calls = []
+
+    def broken(*_args, **_kwargs):
+        calls.append(time.monotonic())
+        raise OSError("stale file handle")
+
+    monkeypatch.setattr(checkpoint, "list_checkpoints", broken)
+    time.sleep(0.35)  # the poller (not running here) is now late
+    for _ in range(50):
+        assert store.serving().version == 1
+    assert len(calls) == 1
+    time.sleep(0.12)
+    assert store.serving().version == 1 and len(calls) == 2
