@@ -5,8 +5,8 @@ model, and the task (which fixes the loss and the online metrics). streamlearn n
 names a pipeline: `load_pipeline("fraud")` imports `pipelines.fraud`, and any
 `package.module:attribute` works for pipelines that live elsewhere.
 
-Torch is imported where a model is built or run, not at import: Ray Data's read lanes and
-decode actors (`--ingest ray-data`) import the pipeline to parse and featurize, and each
+Torch is imported where a model is built or run, not at import: Ray Data's read lanes
+(`--ingest ray-data`) import the pipeline to parse and featurize, and each
 `import torch` is ~2.4 s of one core on the machines this was measured on. Pipelines keep
 to the same rule (pipelines/fraud.py).
 """

@@ -207,7 +207,7 @@ def report(n: int, base_runs: list[float], runs: dict, rd_runs: list[dict], dela
         *[f"| {k} | {v:.2f} |" for k, v in sorted(two["rank0_phases_s"].items(), key=lambda kv: -kv[1])],
         "",
         "The same for `--ingest ray-data` (`fetch` is the wait for the window's slices from Ray Data, "
-        "`decode` rebuilding the arrays; the parsing ran in Ray Data's decode actors):",
+        "`decode` rebuilding the arrays; the parsing ran in Ray Data's read lanes):",
         "",
         "| phase | s |", "|---|---:|",
         *[f"| {k} | {v:.2f} |" for k, v in sorted(rd["rank0_phases_s"].items(), key=lambda kv: -kv[1])],
