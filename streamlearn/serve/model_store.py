@@ -143,6 +143,9 @@ class ModelStore:
         self.max_abs_weight = max_abs_weight
         self.poll_interval_s = poll_interval_s
         self.swap_delay_s = swap_delay_s
+        # A poll that started longer ago than this may have missed an approval that is due now
+        # (gate.STAMP_SLACK); 0 (no swap delay) turns the request-path check off.
+        self._fresh_for_s = swap_delay_s * (1 - STAMP_SLACK)
         self.ledger = Ledger(run_dir)
         self.current: ServingModel | None = None  # the one reference requests read (via serving())
         # Loaded, waiting for their announced moments (in moment order). Only the poll thread
@@ -181,7 +184,7 @@ class ModelStore:
         another has answered with the new one, whatever its poll thread is doing: if that thread
         has not read the ledger for (1 - STAMP_SLACK) of the swap delay, an approval it has not
         seen may be due, and the request reads the ledger itself first."""
-        if self.swap_delay_s and time.time() >= self._polled_at + self.swap_delay_s * (1 - STAMP_SLACK):
+        if self._fresh_for_s and time.time() >= self._polled_at + self._fresh_for_s:
             self._poll_late()
         return self._switch_if_due()
 
@@ -200,7 +203,7 @@ class ModelStore:
         stale too. Costs a request a poll only when the alternative was a possibly stale answer."""
         asked, last = time.time(), self._polled_at
         with self._poll_lock:
-            if time.time() < self._polled_at + self.swap_delay_s * (1 - STAMP_SLACK):
+            if time.time() < self._polled_at + self._fresh_for_s:
                 return  # the poll we waited for started recently enough
             try:
                 self._poll()
@@ -208,7 +211,7 @@ class ModelStore:
                 log("serve_poll_failed", level="error", error=f"{type(e).__name__}: {e}", on_request=True)
                 # Not every request again: a checkpoint directory that fails (a storage outage)
                 # would cost each request a failed poll and a log line. Once a poll interval.
-                self._polled_at = time.time() - self.swap_delay_s * (1 - STAMP_SLACK) + self.poll_interval_s
+                self._polled_at = time.time() - self._fresh_for_s + self.poll_interval_s
                 return
         self.request_polls += 1
         log("serve_poll_on_request", level="warning", poller_late_s=round(asked - last, 3))
