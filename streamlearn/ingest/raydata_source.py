@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from streamlearn import heap
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.reader import RangeReader
@@ -152,7 +153,11 @@ class KafkaWindows(ray.data.Datasource):
         settings, topic, group_id, feed = self._args
 
         def task(lane: int):
-            return lambda: read_lane(settings, topic, group_id, feed, lane, self.lanes)
+            def stream():
+                # A lane streams for the Dataset's life in one of Ray's pooled workers (heap.py).
+                with heap.quiet_while_streaming():
+                    yield from read_lane(settings, topic, group_id, feed, lane, self.lanes)
+            return stream
 
         meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
         return [ray.data.ReadTask(task(lane), meta) for lane in range(self.lanes)]

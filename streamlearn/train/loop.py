@@ -23,7 +23,7 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
-from streamlearn import faults
+from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream, feature_width
 from streamlearn.ingest.windows import Window, WindowPlanner
@@ -70,6 +70,7 @@ def train_loop_per_worker(config: dict) -> None:
     optimizer = pipeline.make_optimizer(model.parameters())
     trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
     startup.mark("model_ready")
+    heap.quiet_for_streaming()  # what start-up built stays: collections walk only the stream's objects
     if warm and not await_handover(config["controller"], gen, rank):
         stream.close()
         phases.close()
