@@ -28,11 +28,12 @@ which is the point of learning online.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from river.drift import ADWIN
 
 from streamlearn.errors import PipelineError
 from streamlearn.pipeline import Pipeline
@@ -41,6 +42,25 @@ from streamlearn.train.prequential import SlidingWindow
 INPUT_EVENTS = 1024  # events per update of the overall input detectors
 ERROR_DELTA = 0.002  # river's default
 INPUT_DELTA = 1e-4  # tens of columns, each a chance of a false alarm: a stricter bound for each
+
+
+def _load_adwin() -> type:
+    """river's ADWIN without the rest of `river.drift`. The package's `__init__` imports every
+    detector it has and their datasets (KSWIN brings scipy.stats): 1.0-1.3 s of one core in
+    every Ray Train worker's start, where ADWIN's own module takes 0.02 s (measured). The package
+    is stood in for, uninitialised, while ADWIN's module loads, then dropped: a later
+    `import river.drift` runs the real `__init__`, which finds the same ADWIN module loaded."""
+    if "river.drift" in sys.modules:
+        return sys.modules["river.drift"].ADWIN
+    sys.modules["river.drift"] = importlib.util.module_from_spec(importlib.util.find_spec("river.drift"))
+    try:
+        from river.drift.adwin import ADWIN
+    finally:
+        del sys.modules["river.drift"]
+    return ADWIN
+
+
+ADWIN = _load_adwin()
 
 
 @dataclass(frozen=True)

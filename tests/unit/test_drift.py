@@ -4,6 +4,10 @@ watched columns are checked up front; alarms wait for the checkpoint after being
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -88,3 +92,13 @@ def test_alarms_are_announced_at_once_and_kept_for_the_next_checkpoint():
         raise AssertionError("a rank without drift detectors must not copy features")
 
     Watch(10).observe(np.zeros(5), np.zeros(5), never)
+
+
+def test_a_worker_loads_adwin_without_the_rest_of_river_drift():
+    """river.drift's package imports KSWIN's scipy.stats and its datasets: over a second of every
+    worker's start. The monitor loads ADWIN's module alone, and `river.drift` stays whole for
+    whoever imports it later."""
+    check = ("import sys; import streamlearn.train.drift as d; "
+             "assert 'scipy.stats' not in sys.modules and 'river.drift' not in sys.modules, sorted(sys.modules); "
+             "import river.drift; assert river.drift.ADWIN is d.ADWIN and river.drift.KSWIN")
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=Path(__file__).parents[2])
