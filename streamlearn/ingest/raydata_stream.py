@@ -32,6 +32,7 @@ from streamlearn.ingest.deadletter import DeadLetters
 from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.stream import Batch, featurize
 from streamlearn.ingest.windows import Window
+from streamlearn.logs import log
 from streamlearn.pipeline import Pipeline
 from streamlearn.train.coordinator import broadcast
 from streamlearn.train.phases import Phases
@@ -121,13 +122,20 @@ class RayDataStream:
         """This rank's slices of `window`, once all ranks together hold every one of its offsets."""
         mine = self._stash.pop(window.seq, [])
         held = sum(r["rows"] for r in mine)
-        progress = time.monotonic()
+        progress, warned = time.monotonic(), False
         while True:
             total = _sum_across_ranks(held) if self.world > 1 else held
             if total == window.size:
                 return mine
             if total > window.size:
                 raise IngestError(f"window {window.seq}: {total} rows arrived for {window.size} offsets")
+            if not warned and time.monotonic() - progress > STALL_S / 2:
+                # Whichever rank reaches the limit first fails the group, and only rank 0 holds the
+                # feed: each says what it sees while the group still lives (a stall in the ingest
+                # benchmark, 2026-11-26, failed on rank 1 and left no diagnosis).
+                warned = True
+                log("ray_data_window_waiting", level="warning", window=window.seq, arrived=total,
+                    size=window.size, stash=sorted(self._stash), diagnosis=self._diagnosis())
             if time.monotonic() - progress > STALL_S:
                 raise IngestError(f"window {window.seq}: {total} of its {window.size} rows arrived and no slice "
                                   f"came for {STALL_S:.0f} s; the Ray Data pipeline stalled (the group restarts "

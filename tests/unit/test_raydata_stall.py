@@ -3,6 +3,7 @@ its last checkpoint) instead of waiting forever; slices that keep coming keep it
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -27,6 +28,19 @@ def _stream() -> RayDataStream:
     stream = object.__new__(RayDataStream)  # the collecting half only: no Kafka, no Dataset
     stream.world, stream._queue, stream._stash, stream._ended, stream._feed = 1, queue.Queue(), {}, False, None
     return stream
+
+
+def test_a_window_waiting_half_the_stall_limit_is_logged_before_the_group_fails(monkeypatch, capsys):
+    monkeypatch.setattr(raydata_stream, "STALL_S", 0.4)
+    stream, window = _stream(), Window(seq=1, ranges={0: (0, 5)})
+    stream._queue.put(_Table([{"window": 1, "rows": 3}]))
+    stream._stash[2] = [{"window": 2, "rows": 1}]
+    with pytest.raises(IngestError):
+        stream._rows_of(window)
+    waiting = [json.loads(line) for line in capsys.readouterr().err.splitlines() if "ray_data_window_waiting" in line]
+    assert len(waiting) == 1  # once per window, not once per poll
+    assert waiting[0]["level"] == "warning"
+    assert (waiting[0]["window"], waiting[0]["arrived"], waiting[0]["size"], waiting[0]["stash"]) == (1, 3, 5, [2])
 
 
 def test_a_window_missing_rows_with_no_slice_coming_fails_after_the_stall_limit(monkeypatch):
