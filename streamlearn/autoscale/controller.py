@@ -295,6 +295,9 @@ class ScaleController:
         within seconds. Only the difference is asked for: the running group's own request
         (Train's) covers the rest. Internal API, pinned with Ray 2.60 and covered by
         tests/integration/test_autoscale.py."""
+        more = self.resizer.bundles_to_ask(workers, time.time())
+        if more <= 0 and self._requester is None:
+            return  # nothing asked yet, so nothing to withdraw: a fixed-size run never imports Ray Data here
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             DefaultAutoscalingCoordinator,
             ResourceRequestPriority,
@@ -302,7 +305,6 @@ class ScaleController:
 
         if self._requester is None:
             self._requester = DefaultAutoscalingCoordinator(requester_id=f"streamlearn-{self.cfg.run_name}")
-        more = self.resizer.bundles_to_ask(workers, time.time())
         if more <= 0:
             self._requester.cancel_request()
             return

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from streamlearn import faults
 from streamlearn.errors import CheckpointError
@@ -38,6 +37,8 @@ def _sha256(path: Path) -> str:
 
 def write(directory: str | Path, model_state: dict, optimizer_state: dict | None, meta: dict[str, Any],
           arrays: dict[str, np.ndarray] | None = None) -> Path:
+    import torch  # here, not at the top: see load()
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model_state, "optimizer": optimizer_state}, directory / "model.pt")
@@ -129,6 +130,11 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
 
 def load(directory: str | Path, *, verify_first: bool = True) -> tuple[dict, dict | None, dict[str, Any]]:
     """-> (model_state, optimizer_state, meta). Verifies the checksum before unpickling anything."""
+    # torch only where model state is read or written: the scale controller, `streamlearn status`
+    # and the report read metadata alone, and the controller's process importing torch took
+    # 2.9 s of a core at every run's start, beside the workers' own start (2026-11-26).
+    import torch
+
     if verify_first:
         verify(directory)
     try:
