@@ -94,7 +94,11 @@ def reaction(bootstrap: str, peak: float, home: Path, capacity_floor: float) -> 
             "max_workers_reached": max((r["to"] for r in resizes), default=1),
             "backlog_drained_s": drained - spike_t if drained else None,
             "reaction_down_s": downs[-1]["requested_at"] - drained if downs and drained else None,
-            "pauses_s": [r["pause_s"] for r in resizes], "nodes_at_end": nodes}
+            "pauses_s": [r["pause_s"] for r in resizes],
+            # From the policy's decision (nodes still to come) to the new group's first step, and
+            # where those seconds went (streamlearn/autoscale/handover.py).
+            "decision_to_first_step_s": [r.get("decision_to_first_step_s") for r in resizes],
+            "resize_seconds": [r.get("seconds") for r in resizes], "nodes_at_end": nodes}
 
 
 def _nodes(env: dict) -> int:
@@ -166,6 +170,13 @@ def report_throughput(n: int, rates: dict) -> None:
                   "\n".join([*_throughput_lines(n, rates), "", *_model_lines(capacity_model(one))]))
 
 
+def _parts(resize: dict) -> str:
+    """A resize's seconds from the decision on, in order (its record's `seconds`)."""
+    parts = resize.get("seconds") or {}
+    named = [f"{name.replace('_', ' ')} {v:.1f}" for name, v in parts.items() if v is not None]
+    return ", ".join(named) or "no breakdown"
+
+
 def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
     write_json("scaling", {"events": n, "throughput": rates, "spike": spike, "capacity_model": model})
     runs = {int(k): v for k, v in rates["runs"].items()}
@@ -185,6 +196,8 @@ def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
         f"| spike start → policy asks for more workers and the autoscaler has room (reaction up) | "
         f"{fmt(spike['reaction_up_s'], '')} |",
         f"| spike start → the bigger group takes its first step | {fmt(spike['bigger_group_learning_s'], '')} |",
+        *[f"| resize {i + 1}: decision → the new group's first step ({_parts(r)}) | "
+          f"{fmt(r.get('decision_to_first_step_s'), '')} |" for i, r in enumerate(spike["resizes"])],
         f"| resize pause, no optimizer step (median of {len(pauses)}: {', '.join(f'{p:.1f}' for p in pauses)}) | "
         f"{fmt(median(pauses) if pauses else None, '')} |",
         f"| spike start → backlog drained | {fmt(spike['backlog_drained_s'], '')} |",

@@ -143,7 +143,7 @@ class ScaleController:
         """The running group's rank 0 polls this: a worker count to stop for now, or None."""
         with self._lock:
             self._begin_resize()
-            to = self.resizer.stop_due()
+            to = self.resizer.stop_due(time.time())
             if to is not None and not self._told_to_stop:
                 self._told_to_stop = True
                 log("resize_requested", pipeline=self.pipeline, **self.resizer.current.describe())
@@ -161,7 +161,7 @@ class ScaleController:
     def warm_ready(self, gen: int) -> bool:
         """A warm group's rank 0, its workers up: the old group may stop. False: go home."""
         with self._lock:
-            ok = self.resizer.warm_ready(gen)
+            ok = self.resizer.warm_ready(gen, time.time())
             if ok:
                 self._provision(self.target)  # the new group's placement group holds its room now
                 log("warm_group_ready", pipeline=self.pipeline, gen=gen, workers=self.resizer.current.to)
@@ -177,7 +177,7 @@ class ScaleController:
         """The driver polls this while a group runs: a size to start beside it now (as group `gen`)."""
         with self._lock:
             self._begin_resize()
-            to = self.resizer.warm_plan(gen)
+            to = self.resizer.warm_plan(gen, time.time())
             if to is not None:
                 log("warm_group_starting", pipeline=self.pipeline, gen=gen, **self.resizer.current.describe())
             return to
@@ -191,7 +191,7 @@ class ScaleController:
         """The driver, after the running group's fit() returned: ("warm", n) the next group
         already learns, ("cold", n) start one of n, ("end", None) training ended otherwise."""
         with self._lock:
-            return self.resizer.take()
+            return self.resizer.take(time.time())
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -20,6 +20,11 @@ limit): the old group stops first and the new one starts after it, as every rest
 
 Both end at the new group's first optimizer step. Exactly-once needs nothing new: either way a
 resize is a checkpoint followed by a restore of that checkpoint.
+
+Each resize's record says where its seconds went, from the policy's decision on: waiting for room
+(the autoscaler adding nodes), the new group's start (processes, imports, model), the old group's
+way to a checkpoint to stop at, and the pause. `decision_to_first_step_s` is the figure an
+operator waits through; `requested_at` (room there, the resize begun) is kept for what came before.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ class Resize:
     state: str
     gen: int | None = None  # the warm group's number, once the driver started it
     stopped_at: float | None = None  # the old group's last optimizer step
+    decided_at: float | None = None  # when the policy first wanted this size (before any room)
+    started_at: float | None = None  # the driver started the new group
+    ready_at: float | None = None  # a warm group's workers up and waiting
+    stop_asked_at: float | None = None  # the old group first told to stop
 
     def describe(self) -> dict[str, Any]:
         return {"from": self.frm, "to": self.to, "reason": self.reason, "requested_at": self.requested_at,
@@ -71,9 +80,11 @@ class Resizer:
         if self._want_since is None:
             self._want_since = now
         if room_beside and self._warm_allowed(now):
-            self.current = Resize(self.group, target, reason, now, warm=True, state="warming")
+            self.current = Resize(self.group, target, reason, now, warm=True, state="warming",
+                                  decided_at=self._want_since)
         elif room_after and not self._warm_allowed(now):
-            self.current = Resize(self.group, target, reason, now, warm=False, state="stopping")
+            self.current = Resize(self.group, target, reason, now, warm=False, state="stopping",
+                                  decided_at=self._want_since)
         return self.current
 
     def bundles_to_ask(self, target: int, now: float) -> int:
@@ -91,14 +102,14 @@ class Resizer:
         return self.warm_wait_s > 0 and (self._want_since is None or now - self._want_since < self.warm_wait_s)
 
     # --- the driver -----------------------------------------------------------------------
-    def warm_plan(self, gen: int) -> int | None:
+    def warm_plan(self, gen: int, now: float | None = None) -> int | None:
         """The size of a group to start now beside the running one (numbered `gen`), or None."""
         r = self.current
         if r is not None and r.state == "started" and r.gen == gen:
             return r.to  # asked again (a reply lost on the way): the same answer
         if r is None or not r.warm or r.state != "warming":
             return None
-        r.state, r.gen = "started", gen
+        r.state, r.gen, r.started_at = "started", gen, now
         return r.to
 
     def warm_failed(self, gen: int) -> None:
@@ -113,7 +124,7 @@ class Resizer:
         else:
             self.current = None
 
-    def take(self) -> tuple[str, int | None]:
+    def take(self, now: float | None = None) -> tuple[str, int | None]:
         """After the running group's fit() returned: ("warm", n) the new group already learns,
         ("cold", n) start one of n now, ("end", None) training ended for another reason."""
         r = self.current
@@ -122,6 +133,8 @@ class Resizer:
         if r.state == "handed":
             return "warm", r.to
         if r.state in ("stopped", "restarting"):  # "restarting": asked again, same answer
+            if r.state == "stopped":
+                r.started_at = now
             r.state = "restarting"
             return "cold", r.to
         # The old group ended for another reason (its bound, idle): a waiting group goes home.
@@ -131,24 +144,26 @@ class Resizer:
         return "end", None
 
     # --- the workers ----------------------------------------------------------------------
-    def warm_ready(self, gen: int) -> bool:
+    def warm_ready(self, gen: int, now: float | None = None) -> bool:
         """The warm group's rank 0, its workers up: the old group may be told to stop now."""
         r = self.current
         if r is None or r.gen != gen or r.state != "started":
             return False
-        r.state = "ready"
+        r.state, r.ready_at = "ready", now
         return True
 
     def handover(self, gen: int) -> str:
         """Every rank of a warm group polls this: "go" (restore and learn), "abort", or "wait"."""
         return self._outcomes.get(gen, "wait")
 
-    def stop_due(self) -> int | None:
+    def stop_due(self, now: float | None = None) -> int | None:
         """The running group's rank 0 polls this: a size to checkpoint and stop for, or None."""
         r = self.current
         if r is None or r.state not in ("ready", "stopping"):
             return None
         r.state = "stopping"
+        if r.stop_asked_at is None:
+            r.stop_asked_at = now
         return r.to
 
     def stopped(self, last_step_t: float) -> bool:
@@ -171,7 +186,29 @@ class Resizer:
         if r is None or r.state not in ("handed", "restarting"):
             return None
         self.current = None
-        return {"t": step_t, **r.describe(), "pause_s": round(max(0.0, step_t - r.stopped_at), 2)}
+        return {"t": step_t, **r.describe(), "pause_s": round(max(0.0, step_t - r.stopped_at), 2),
+                "decided_at": r.decided_at, "decision_to_first_step_s": _since(r.decided_at, step_t),
+                "seconds": _seconds(r, step_t)}
 
     def state(self) -> dict[str, Any] | None:
         return None if self.current is None else {**asdict(self.current)}
+
+
+def _since(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(max(0.0, end - start), 2)
+
+
+def _seconds(r: Resize, step_t: float) -> dict[str, float | None]:
+    """Where a resize's seconds went, decision to first step, in order (None: not known). Warm:
+    the new group starts while the old learns on, then the old one is told to stop. Cold: the
+    old one stops first, then the new one starts (its start is inside the pause)."""
+    if r.warm:
+        return {"waiting_for_room": _since(r.decided_at, r.requested_at),
+                "until_started": _since(r.requested_at, r.started_at),
+                "group_start": _since(r.started_at, r.ready_at),
+                "old_group_to_stop": _since(r.ready_at, r.stopped_at),
+                "pause": _since(r.stopped_at, step_t)}
+    return {"waiting_for_room": _since(r.decided_at, r.requested_at),
+            "old_group_to_stop": _since(r.requested_at, r.stopped_at),
+            "group_start": _since(r.started_at, step_t),
+            "pause": _since(r.stopped_at, step_t)}

@@ -102,14 +102,17 @@ def _training(snap: dict | None, now: float, problem: str | None) -> Table:
     going = snap.get("resizing")
     if going:
         kind = "warm: the new group starts beside the running one" if going.get("warm") else "cold: stop, then start"
+        since = going.get("decided_at") or going.get("requested_at")
         table.add_row("resizing", f"{going.get('frm')} → {going.get('to')} workers, {going.get('state')} ({kind}), "
-                                  f"for {_age(now, going.get('requested_at'))}")
+                                  f"{_age(now, since)} since the decision")
     resizes = snap.get("resizes") or []
     if resizes:
         last = resizes[-1]
         mode = f"{last['mode']}, " if last.get("mode") else ""
+        took = (f", {_num(last['decision_to_first_step_s'], 1)} s from the decision to its first step"
+                if last.get("decision_to_first_step_s") is not None else "")
         table.add_row("last resize", f"{last.get('from')} → {last.get('to')} workers, {_age(now, last.get('t'))} "
-                                     f"ago, {mode}paused {_num(last.get('pause_s'), 1)} s "
+                                     f"ago, {mode}paused {_num(last.get('pause_s'), 1)} s{took} "
                                      f"({last.get('reason', '')}); {len(resizes)} recent")
     table.add_row("sampled", f"{_age(now, snap.get('t'))} ago   topic {snap.get('topic', '?')}, "
                              f"pipeline {snap.get('pipeline', '?')}")

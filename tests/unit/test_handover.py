@@ -25,6 +25,22 @@ def test_warm_resize_starts_the_new_group_beside_the_old_and_hands_over_at_its_c
     assert r.current is None and r.first_step(102) is None
 
 
+def test_a_resize_record_says_where_its_seconds_went_from_the_decision_on():
+    r = Resizer(group=1, warm_wait_s=60)
+    r.consider(2, "lag", 10.0, room_beside=False, room_after=False)  # the decision; no room yet
+    r.consider(2, "lag", 22.0, room_beside=True, room_after=True)  # the autoscaler added it
+    assert r.warm_plan(gen=1, now=22.5) == 2
+    assert r.warm_ready(1, now=52.5)
+    assert r.stop_due(53.0) == 2 and r.stop_due(54.0) == 2  # the first ask counts
+    assert r.stopped(last_step_t=58.0)
+    record = r.first_step(60.5)
+    assert record["requested_at"] == 22.0 and record["decided_at"] == 10.0
+    assert record["decision_to_first_step_s"] == 50.5
+    assert record["seconds"] == {"waiting_for_room": 12.0, "until_started": 0.5, "group_start": 30.0,
+                                 "old_group_to_stop": 5.5, "pause": 2.5}
+    assert sum(record["seconds"].values()) == record["decision_to_first_step_s"]
+
+
 def test_no_room_beside_within_warm_wait_falls_back_to_stopping_first():
     r = Resizer(group=2, warm_wait_s=30)
     assert r.consider(1, "calm", 0, room_beside=False, room_after=True) is None
@@ -34,10 +50,16 @@ def test_no_room_beside_within_warm_wait_falls_back_to_stopping_first():
     assert not began.warm and began.state == "stopping"
     assert r.bundles_to_ask(1, now=30) == 0  # a smaller group needs nothing more
     assert r.warm_plan(gen=1) is None
-    assert r.stop_due() == 1
+    assert r.stop_due(31.0) == 1
     assert r.stopped(last_step_t=50.0) and r.group == 1
-    assert r.take() == ("cold", 1)
-    assert r.first_step(120.0)["pause_s"] == 70.0
+    assert r.take(52.0) == ("cold", 1)
+    record = r.first_step(120.0)
+    assert record["pause_s"] == 70.0
+    # Counted from the decision (t=0), not from when the resize began (t=30): a cold resize's
+    # new group starts inside the pause.
+    assert record["decision_to_first_step_s"] == 120.0
+    assert record["seconds"] == {"waiting_for_room": 30.0, "old_group_to_stop": 20.0, "group_start": 68.0,
+                                 "pause": 70.0}
 
 
 def test_cold_scale_up_asks_for_the_difference_and_waits_for_it():

@@ -40,11 +40,13 @@ def test_status_shows_every_figure_from_both_sources():
 
 
 def test_status_shows_a_resize_under_way_and_the_kind_of_the_last():
-    going = {"frm": 2, "to": 3, "state": "started", "warm": True, "requested_at": NOW - 40}
-    done = [{"t": NOW - 300, "from": 1, "to": 2, "reason": "lag growing", "pause_s": 1.4, "mode": "warm"}]
+    going = {"frm": 2, "to": 3, "state": "started", "warm": True, "decided_at": NOW - 52, "requested_at": NOW - 40}
+    done = [{"t": NOW - 300, "from": 1, "to": 2, "reason": "lag growing", "pause_s": 1.4, "mode": "warm",
+             "decision_to_first_step_s": 31.24}]
     flat = " ".join(render_text(SNAPSHOT | {"resizing": going, "resizes": done}, MODEL, now=NOW).split())
-    assert "2 → 3 workers, started (warm: the new group starts beside the running one), for 40 s" in flat, flat
-    assert "warm, paused 1.4 s" in flat
+    assert ("2 → 3 workers, started (warm: the new group starts beside the running one), 52 s since the decision"
+            in flat), flat
+    assert "warm, paused 1.4 s, 31.2 s from the decision to its first step" in flat
 
 
 def test_status_names_the_ray_data_pipeline_and_its_work():
