@@ -8,6 +8,7 @@ stop at the same window, so no rank is ever left waiting at a collective.
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,8 @@ MAX_WATERMARK_AGE_S = 1.0
 # Room for a pickled plan in the per-window collective (`exchange`): a 4-partition window with
 # labels is ~250 bytes, 64 partitions ~1.9 KB; a bigger plan goes in a broadcast of its own.
 PLAN_BYTES = 4096
+# How often rank 0 asks the controller, beside training, whether to stop for a resize.
+RESIZE_POLL_S = 0.5
 
 
 def broadcast(obj, rank: int):
@@ -102,8 +105,7 @@ class Coordinator:
     _last_empty: bool = False
     _empty_answer_t: float | None = None  # when the broker last answered "nothing new"
     _learned: int = 0
-    _resize_asked_t: float = 0.0
-    _resize_answer: Any = None  # the controller's answer on its way (an ObjectRef)
+    _stop_poller: StopPoller | None = None
     _highs: dict[int, int] | None = None
     _label_highs: dict[int, int] | None = None
     _highs_t: float = 0.0
@@ -117,7 +119,7 @@ class Coordinator:
         self._track_idle(highs, now)
         idle_stop = self.cfg.until_idle_s is not None and self.idle_s >= self.cfg.until_idle_s
         window = self.planner.next(highs or {}, label_highs=self._label_highs if highs else None,
-                                   stop=idle_stop or self._resize_due(now))
+                                   stop=idle_stop or self._resize_due())
         self._last_empty = window.messages == 0
         self.planned_since_checkpoint += window.messages
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s
@@ -181,25 +183,24 @@ class Coordinator:
             faults.point("handover_stop_published")
             call(self.controller.group_stopped)
 
-    def _resize_due(self, now: float) -> bool:
-        # Asked once a second and never waited for: the answer is picked up by a later window
-        # (a blocking ask cost up to tens of ms on the window that made it, measured).
+    def _resize_due(self) -> bool:
+        """Whether to stop at the window planned now, for a resize. The controller's answer comes
+        from a thread beside training (StopPoller): a plan never waits on the controller, and
+        reads an answer that came while the last window trained, not one asked for at this plan."""
         if self.controller is None or self.resize_to is not None:
             return self.resize_to is not None
-        if self._resize_answer is not None:
-            if not ray.wait([self._resize_answer], timeout=0)[0]:
-                return False
-            try:
-                self.resize_to = ray.get(self._resize_answer)
-            except ray.exceptions.RayError as e:
-                log("scaler_unreachable", level="warning", error=str(e)[:200])  # keep training at this size
-            self._resize_answer = None
-            if self.resize_to is not None:
-                log("resize_stop", workers=self.world, to=self.resize_to)
-        elif now - self._resize_asked_t >= 1.0:
-            self._resize_asked_t = now
-            self._resize_answer = self.controller.resize_due.remote()
+        if self._stop_poller is None:
+            controller = self.controller
+            self._stop_poller = StopPoller(lambda: ray.get(controller.resize_due.remote(), timeout=10))
+            self._stop_poller.start()
+        self.resize_to = self._stop_poller.answer
+        if self.resize_to is not None:
+            log("resize_stop", workers=self.world, to=self.resize_to)
         return self.resize_to is not None
+
+    def close(self) -> None:
+        if self._stop_poller is not None:
+            self._stop_poller.close()
 
     def _current_partitions(self) -> list[int]:
         # Partitions can be added to a live topic; look again every few seconds, not every window.
@@ -208,3 +209,38 @@ class Coordinator:
             self._partitions = self.reader.partitions()
             self._partitions_t = now
         return self._partitions
+
+
+class StopPoller(threading.Thread):
+    """Rank 0 asks the controller every `poll_s` whether to stop for a resize, beside training.
+
+    Asked at each plan, the answer came back one plan later: with a heavy model's windows of
+    seconds, the old group of a warm resize learned a whole window more before its stop window
+    (2.2 s of the 5.5 s from the new group ready to the old one stopped, test_autoscale,
+    2026-11-26). A plan now reads the answer this thread already has. Asking never blocks
+    training: the controller's sampler can hold it for a while."""
+
+    def __init__(self, ask: Callable[[], int | None], poll_s: float = RESIZE_POLL_S):
+        super().__init__(name="resize-poll", daemon=True)
+        self.ask, self.poll_s = ask, poll_s
+        self.answer: int | None = None  # once set, the controller expects this group to stop
+        self._closed = threading.Event()
+
+    def run(self) -> None:
+        failing = False
+        while not self._closed.wait(self.poll_s):
+            try:
+                answer = self.ask()
+            except (ray.exceptions.RayError, TimeoutError) as e:
+                if not failing:  # once per outage, not twice a second: training goes on at this size
+                    log("scaler_unreachable", level="warning", error=str(e)[:200])
+                failing = True
+                continue
+            failing = False
+            if answer is not None:
+                self.answer = answer
+                return  # one answer per group: it stops for it
+
+    def close(self) -> None:
+        """The group is done planning: ask no more (a later answer would be for the next group)."""
+        self._closed.set()

@@ -165,6 +165,8 @@ def train_loop_per_worker(config: dict) -> None:
             coordinator.stopped()  # a resize's next group restores what this one just saved
         reporter.close()  # Ray's record of the last metrics, after the hand-over: not in its pause
     finally:
+        if coordinator:
+            coordinator.close()
         reporter.close(wait=False)  # a failing worker must not wait on the other ranks' barrier
         if writer:
             writer.close()
