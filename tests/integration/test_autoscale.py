@@ -135,6 +135,11 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
     # checkpoint (the cluster had room for both within --warm-wait). Their pauses are figures for
     # docs/BENCHMARKS.md, printed here, not asserted: tests check behaviour, not speed.
     assert [r["mode"] for r in resizes][:2] == ["warm", "warm"], resizes
+    # Each record counts from the policy's decision, before the autoscaler had room, and its
+    # parts add up to that figure (streamlearn/autoscale/handover.py).
+    for r in resizes[:2]:
+        assert r["decided_at"] <= r["requested_at"] < r["t"], r
+        assert abs(sum(r["seconds"].values()) - r["decision_to_first_step_s"]) < 0.1, r
     print("resizes", json.dumps(resizes), "nodes", nodes_seen)
 
     # Exactly once across every resize: counts and the fingerprint of every learned event.
