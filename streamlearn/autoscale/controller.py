@@ -143,7 +143,7 @@ class ScaleController:
         """The running group's rank 0 polls this: a worker count to stop for now, or None."""
         with self._lock:
             self._begin_resize()
-            to = self.resizer.stop_due(time.time())
+            to = self.resizer.stop_due()
             if to is not None and not self._told_to_stop:
                 self._told_to_stop = True
                 log("resize_requested", pipeline=self.pipeline, **self.resizer.current.describe())

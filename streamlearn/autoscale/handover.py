@@ -48,7 +48,6 @@ class Resize:
     decided_at: float | None = None  # when the policy first wanted this size (before any room)
     started_at: float | None = None  # the driver started the new group
     ready_at: float | None = None  # a warm group's workers up and waiting
-    stop_asked_at: float | None = None  # the old group first told to stop
 
     def describe(self) -> dict[str, Any]:
         return {"from": self.frm, "to": self.to, "reason": self.reason, "requested_at": self.requested_at,
@@ -156,14 +155,12 @@ class Resizer:
         """Every rank of a warm group polls this: "go" (restore and learn), "abort", or "wait"."""
         return self._outcomes.get(gen, "wait")
 
-    def stop_due(self, now: float | None = None) -> int | None:
+    def stop_due(self) -> int | None:
         """The running group's rank 0 polls this: a size to checkpoint and stop for, or None."""
         r = self.current
         if r is None or r.state not in ("ready", "stopping"):
             return None
         r.state = "stopping"
-        if r.stop_asked_at is None:
-            r.stop_asked_at = now
         return r.to
 
     def stopped(self, last_step_t: float) -> bool:

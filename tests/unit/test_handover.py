@@ -31,7 +31,7 @@ def test_a_resize_record_says_where_its_seconds_went_from_the_decision_on():
     r.consider(2, "lag", 22.0, room_beside=True, room_after=True)  # the autoscaler added it
     assert r.warm_plan(gen=1, now=22.5) == 2
     assert r.warm_ready(1, now=52.5)
-    assert r.stop_due(53.0) == 2 and r.stop_due(54.0) == 2  # the first ask counts
+    assert r.stop_due() == 2
     assert r.stopped(last_step_t=58.0)
     record = r.first_step(60.5)
     assert record["requested_at"] == 22.0 and record["decided_at"] == 10.0
@@ -50,7 +50,7 @@ def test_no_room_beside_within_warm_wait_falls_back_to_stopping_first():
     assert not began.warm and began.state == "stopping"
     assert r.bundles_to_ask(1, now=30) == 0  # a smaller group needs nothing more
     assert r.warm_plan(gen=1) is None
-    assert r.stop_due(31.0) == 1
+    assert r.stop_due() == 1
     assert r.stopped(last_step_t=50.0) and r.group == 1
     assert r.take(52.0) == ("cold", 1)
     record = r.first_step(120.0)
