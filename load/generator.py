@@ -235,8 +235,8 @@ def _random_bytes(rng: random.Random | np.random.Generator, n: int) -> bytes:
     return rng.bytes(n) if isinstance(rng, np.random.Generator) else rng.randbytes(n)
 
 
-def _valid_event(seq: int) -> dict[str, Any]:
-    return {"event_id": f"bad-{seq}", "event_time": BASE_TIME_MS + seq, "customer_id": f"cust-{seq % 10_000:06d}",
+def _valid_event(seq: int, run: int = 0) -> dict[str, Any]:
+    return {"event_id": f"bad-{run}-{seq}", "event_time": BASE_TIME_MS + seq, "customer_id": f"cust-{seq % 10_000:06d}",
             "amount": 42.5, "currency": "EUR", "merchant_category": "grocery", "merchant_country": "DE",
             "channel": "pos", "card_present": True, "customer_age": 40, "account_tenure_days": 900, "is_fraud": False}
 
@@ -249,14 +249,17 @@ def _dumps(event: dict[str, Any], name: str | None = None, raw_json: str | None 
     return text.replace(f'"{_PLACEHOLDER}"', raw_json).encode()
 
 
-def malformed_message(rng: random.Random | np.random.Generator, seq: int) -> tuple[bytes, str]:
+def malformed_message(rng: random.Random | np.random.Generator, seq: int, run: int = 0) -> tuple[bytes, str]:
     """The `seq`-th bad message and the reason code TRANSACTION.decode must give it.
 
     Codes cycle with `seq`, so any 11 consecutive messages cover every kind; `rng` picks
     the variant within a kind.
     """
     code = MALFORMED_KINDS[seq % len(MALFORMED_KINDS)]
-    event = _valid_event(seq)
+    # Some bad messages are valid to a schema without the label (a dropped or mistyped `is_fraud`):
+    # their ids must differ between runs (`run`: the generator's seed) as real ids do, or a
+    # joined-label trainer rightly refuses the second "bad-6" as a duplicate of the first.
+    event = _valid_event(seq, run)
     text = _dumps(event)
     if code == "empty":
         return b"", code
@@ -425,7 +428,7 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
                 key = event["customer_id"].encode()
                 partition = partition_for(key, partitions)
                 if int((sent + 1) * bad_fraction) > int(sent * bad_fraction):  # evenly spread, exact share
-                    value, code = malformed_message(bad_rng, bad)
+                    value, code = malformed_message(bad_rng, bad, run=seed)
                     bad += 1
                     by_reason[code] = by_reason.get(code, 0) + 1
                 elif label_queue is not None:
