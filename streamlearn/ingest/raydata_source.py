@@ -11,6 +11,15 @@ bad events on with their reasons (the ranks dead-letter them, as in the direct p
 receive decoded windows through `streaming_split(equal=False)`, in whatever order and on
 whatever rank Ray Data hands them out.
 
+With joined labels (`fraud_delayed`), a lane also reads its partitions of `<topic>.labels` and
+joins them in the lane, in a `LabelJoin` that lives as long as the lane: windows with labels go
+by partition and the lanes are fixed for the Dataset's life, so partition p of both topics is
+always joined by lane p % lanes, as a rank joins it in the direct path. The lane takes the
+checkpoint's join state from the feed before its first window, and puts its state into the
+row of every checkpoint window (the ranks gather it into the checkpoint). A lane that Ray Data
+ran again would start from a stale state: it rereads a window already delivered, and the ranks
+refuse the duplicate rows, so the group restarts from its checkpoint instead.
+
 One window slice travels as ONE row (its messages as list columns on the way in, its
 feature matrix as bytes on the way out). Ray Data's read operator buffers a generator's
 output until a block exceeds `target_max_block_size` (128 MiB by default): a stream's small
@@ -21,6 +30,7 @@ block of its own, and since a row is a whole slice nothing is ever cut smaller t
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 import zlib
 
@@ -31,8 +41,9 @@ import ray
 from streamlearn import heap
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
-from streamlearn.ingest.reader import RangeReader
-from streamlearn.ingest.stream import featurize
+from streamlearn.ingest.labelled import LabelJoin
+from streamlearn.ingest.reader import Message, RangeReader
+from streamlearn.ingest.stream import Batch, decode_events, feature_width, featurize, join_window
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
 
@@ -54,6 +65,14 @@ class WindowFeed:
         self._windows: dict[int, Window] = {}
         self._changed = asyncio.Condition()
         self._asks: dict[int, tuple[int | None, float]] = {}  # lane -> (the seq it asked after, when)
+        self._join_state: dict[str, np.ndarray] = {}
+
+    def set_join_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Rank 0, before the first window: the checkpoint's join state, for the lanes to take."""
+        self._join_state = arrays
+
+    def join_state(self) -> dict[str, np.ndarray]:
+        return self._join_state
 
     async def put(self, window: Window) -> None:
         async with self._changed:
@@ -89,10 +108,14 @@ class WindowFeed:
 
 
 def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int,
-              fetch_timeout_s: float = LANE_FETCH_TIMEOUT_S):
+              fetch_timeout_s: float = LANE_FETCH_TIMEOUT_S, pipeline: Pipeline | None = None):
     """One lane, for the life of the Dataset: a generator of one-row Arrow tables, one per window
     slice that has events. It ends after the window that stops the run, or once its group is
-    gone (the feed, owned by the group's rank 0, dies with it)."""
+    gone (the feed, owned by the group's rank 0, dies with it). With joined labels (a
+    `pipeline` whose labels are joined) the lane reads, decodes and joins both topics itself."""
+    if pipeline is not None and pipeline.labels is not None:
+        yield from _joined_lane(settings, topic, group_id, feed, lane, lanes, fetch_timeout_s, pipeline)
+        return
     reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
     seq = None
     try:
@@ -123,6 +146,43 @@ def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: in
         reader.close()
 
 
+def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int,
+                 fetch_timeout_s: float, pipeline: Pipeline):
+    """`read_lane` with joined labels: every window gives one row per lane, even an empty one
+    (its count is the messages read plus one), so that the ranks know every lane's join state
+    at a checkpoint window and count a window complete only once every lane has spoken."""
+    spec = pipeline.labels
+    events = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
+    labels = RangeReader(settings, topic + spec.suffix, group_id, fetch_timeout_s=fetch_timeout_s)
+    join = LabelJoin(spec, feature_width(pipeline), len(events.partitions()))
+    seq = None
+    try:
+        while True:
+            try:
+                window = ray.get(feed.next.remote(seq, lane=lane))
+                if window is not None and seq is None:  # first: the checkpoint's state of this lane's partitions
+                    join.restore(ray.get(feed.join_state.remote()), lambda p: p % lanes == lane)
+            except ray.exceptions.RayActorError:
+                return
+            if window is None:
+                continue
+            seq = window.seq
+            started = time.perf_counter()
+            messages = _read(events, window.slice_for(lane, lanes), feed)
+            label_messages = _read(labels, window.label_slice_for(lane, lanes), feed)
+            if messages is None or label_messages is None:
+                return
+            read_s = time.perf_counter() - started
+            batch = join_window(pipeline, join, window, decode_events(pipeline, messages), label_messages)
+            yield pa.table(_decoded_row(seq, batch, len(messages) + len(label_messages) + 1, read_s,
+                                        time.perf_counter() - started - read_s), schema=DECODED)
+            if window.stop:
+                return
+    finally:
+        events.close()
+        labels.close()
+
+
 def _read(reader: RangeReader, ranges: dict[int, tuple[int, int]], feed) -> list | None:
     """The slice's messages, waiting through broker outages while the group lives; None once it is gone."""
     while True:
@@ -139,8 +199,9 @@ def _read(reader: RangeReader, ranges: dict[int, tuple[int, int]], feed) -> list
 class KafkaWindows(ray.data.Datasource):
     """`lanes` read tasks, each `read_lane` over its share of every window the feed hands out."""
 
-    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, feed, lanes: int):
-        self._args = (settings, topic, group_id, feed)
+    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, feed, lanes: int,
+                 pipeline: Pipeline | None = None):
+        self._args = (settings, topic, group_id, feed, pipeline)
         self.lanes = lanes
 
     def estimate_inmemory_data_size(self) -> int | None:
@@ -150,13 +211,13 @@ class KafkaWindows(ray.data.Datasource):
                        data_context=None) -> list[ray.data.ReadTask]:
         from ray.data.block import BlockMetadata
 
-        settings, topic, group_id, feed = self._args
+        settings, topic, group_id, feed, pipeline = self._args
 
         def task(lane: int):
             def stream():
                 # A lane streams for the Dataset's life in one of Ray's pooled workers (heap.py).
                 with heap.quiet_while_streaming():
-                    yield from read_lane(settings, topic, group_id, feed, lane, self.lanes)
+                    yield from read_lane(settings, topic, group_id, feed, lane, self.lanes, pipeline=pipeline)
             return stream
 
         meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
@@ -176,17 +237,41 @@ def decode(slices: pa.Table, pipeline: Pipeline) -> pa.Table:
         events, kept, bad = pipeline.schema.decode_many(values)
         x, y, kept, bad = featurize(pipeline, events, kept, bad)
         crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
-        bad = sorted(bad)
-        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
-        decoded = {"window": row["window"], "rows": len(values), "x": x.tobytes(), "x_dtype": x.dtype.str,
-                   "y": y.tobytes(), "y_dtype": y.dtype.str, "crc": crcs.tobytes(),
-                   "bad_partition": [row["partition"][i] for i, _ in bad],
-                   "bad_offset": [row["offset"][i] for i, _ in bad], "bad_reason": [r for _, r in bad],
-                   "bad_value": [values[i] for i, _ in bad],
-                   "read_s": row["read_s"], "decode_s": time.perf_counter() - started}
+        dead = [(Message(row["partition"][i], row["offset"][i], values[i]), reason) for i, reason in sorted(bad)]
+        batch = Batch(None, x, y, crcs, dead)
+        decoded = _decoded_row(row["window"], batch, len(values), row["read_s"], time.perf_counter() - started)
         for name, value in decoded.items():
-            out[name].append(value)
+            out[name].append(value[0])
     return pa.table(out, schema=DECODED)
+
+
+def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: float) -> dict[str, list]:
+    """One slice as a DECODED row: matrices as bytes, dead letters by coordinates and reason,
+    and with joined labels the labels dead-lettered, the events expired and, at a checkpoint
+    window, the lane's join state (an .npz)."""
+    x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
+    join = b""
+    if batch.join_snapshot is not None:
+        buffer = io.BytesIO()
+        np.savez(buffer, **batch.join_snapshot)
+        join = buffer.getvalue()
+    row = {"window": seq, "rows": rows,
+           "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
+           "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
+           "expired": batch.expired, "join": join, "has_join": batch.join_snapshot is not None}
+    for prefix, dead in (("bad", batch.bad), ("bad_label", batch.bad_labels)):
+        row.update({f"{prefix}_partition": [m.partition for m, _ in dead],
+                    f"{prefix}_offset": [m.offset for m, _ in dead],
+                    f"{prefix}_reason": [r for _, r in dead], f"{prefix}_value": [m.value for m, _ in dead]})
+    return {name: [value] for name, value in row.items()}
+
+
+def read_join_state(row: dict) -> dict[str, np.ndarray] | None:
+    """The join state a DECODED row carries (a checkpoint window's), or None."""
+    if not row["has_join"]:
+        return None
+    with np.load(io.BytesIO(row["join"])) as arrays:
+        return {name: arrays[name] for name in arrays.files}
 
 
 # One decoded window slice: its matrices as raw bytes (the rank rebuilds them with np.frombuffer;
@@ -196,6 +281,9 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("crc", pa.large_binary()), ("bad_partition", pa.list_(pa.int32())),
                      ("bad_offset", pa.list_(pa.int64())), ("bad_reason", pa.list_(pa.string())),
                      ("bad_value", pa.list_(pa.binary())),
+                     ("bad_label_partition", pa.list_(pa.int32())), ("bad_label_offset", pa.list_(pa.int64())),
+                     ("bad_label_reason", pa.list_(pa.string())), ("bad_label_value", pa.list_(pa.binary())),
+                     ("expired", pa.int64()), ("join", pa.large_binary()), ("has_join", pa.bool_()),
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 
@@ -211,12 +299,14 @@ def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline
     ctx = ray.data.DataContext.get_current()
     ctx.target_max_block_size = 1  # one row (a whole window slice) per block: see the module docstring
     ctx.enable_progress_bars = False  # worker logs are not a terminal; the dashboard's Data view shows progress
-    source = KafkaWindows(settings, topic, group_id, feed, lanes)
+    joined = pipeline.labels is not None  # the lanes decode and join both topics themselves
+    source = KafkaWindows(settings, topic, group_id, feed, lanes, pipeline=pipeline if joined else None)
     lane = {"num_cpus": LANE_CPUS, "compute": ray.data.TaskPoolStrategy(size=lanes)}  # the same both: fused
     ds = ray.data.read_datasource(source, override_num_blocks=lanes, **lane)
-    ds = ds.map_batches(decode, batch_size=None, batch_format="pyarrow", **lane,
-                        # The pipeline object itself (pickled by reference to its module), not its
-                        # name: `--pipeline package.module:attribute` names no file under pipelines/.
-                        fn_kwargs={"pipeline": pipeline})
+    if not joined:
+        ds = ds.map_batches(decode, batch_size=None, batch_format="pyarrow", **lane,
+                            # The pipeline object itself (pickled by reference to its module), not its
+                            # name: `--pipeline package.module:attribute` names no file under pipelines/.
+                            fn_kwargs={"pipeline": pipeline})
     ds.set_name(name)  # what the dashboard's Data view and `streamlearn status` call it
     return ds

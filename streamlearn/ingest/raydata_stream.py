@@ -12,6 +12,11 @@ learned, never a row beyond them.
 Bad events come with their slices (bytes, reason, coordinates); the rank that learns a
 window writes its dead letters after learning it, as the direct path does, so the
 dead-letter contract is the direct path's, tested the same way.
+
+With joined labels the lanes join (raydata_source.py) and every lane sends a row for every
+window, so a window is complete at its messages plus one per lane; a checkpoint window's rows
+carry each lane's join state, which the ranks gather into the checkpoint as the direct path's
+ranks gather their own.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class RayDataStream:
         self.phases = phases or Phases(rank)
         # Rank 0 plans, commits and scans the dead-letter topic; the other ranks only receive.
         self.reader = RangeReader(settings, topic, group_id) if rank == 0 else None
+        # Joined labels: rank 0 plans the labels topic's windows too (its watermarks); lanes read it.
+        self.label_topic = topic + pipeline.labels.suffix if pipeline.labels else None
+        self.label_reader = RangeReader(settings, self.label_topic, group_id) if rank == 0 and pipeline.labels else None
         self.dead_letters = DeadLetters(settings, dlq_topic, topic)
         x0, y0, _, _ = featurize(pipeline, [], [], [])  # the empty shapes, for a rank that gets no slice
         self._empty = (np.asarray(x0), np.asarray(y0))
@@ -87,10 +95,17 @@ class RayDataStream:
         iterator = broadcast(iterators, self.rank)[self.rank]
         threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
 
-    def start(self, dlq_positions: dict[int, int], join_state=None) -> None:
-        """After restore: remember the dead letters written past the checkpoint, to skip them.
-        (No join state: pipelines with joined labels train with the direct ingest.)"""
+    def start(self, dlq_positions: dict[int, int], join_state: dict[str, np.ndarray] | None = None) -> None:
+        """After restore: remember the dead letters written past the checkpoint, to skip them;
+        rank 0 hands the checkpoint's join state to the lanes (before the first window: the
+        feed hears one caller in order, and a lane takes the state with its first window)."""
         self.dead_letters.skip_written_since(dlq_positions)
+        if self.rank == 0 and self.label_topic is not None:
+            ray.get(self._feed.set_join_state.remote(join_state or {}))
+
+    def _expected(self, window: Window) -> int:
+        """Rows the ranks together hold once the window is complete."""
+        return window.messages + LANES if self.label_topic is not None else window.size
 
     def _pump(self, iterator) -> None:
         try:
@@ -121,23 +136,23 @@ class RayDataStream:
     def _rows_of(self, window: Window) -> list[dict]:
         """This rank's slices of `window`, once all ranks together hold every one of its offsets."""
         mine = self._stash.pop(window.seq, [])
-        held = sum(r["rows"] for r in mine)
+        held, expected = sum(r["rows"] for r in mine), self._expected(window)
         progress, warned = time.monotonic(), False
         while True:
             total = _sum_across_ranks(held) if self.world > 1 else held
-            if total == window.size:
+            if total == expected:
                 return mine
-            if total > window.size:
-                raise IngestError(f"window {window.seq}: {total} rows arrived for {window.size} offsets")
+            if total > expected:
+                raise IngestError(f"window {window.seq}: {total} rows arrived for {expected} expected")
             if not warned and time.monotonic() - progress > STALL_S / 2:
                 # Whichever rank reaches the limit first fails the group, and only rank 0 holds the
                 # feed: each says what it sees while the group still lives (a stall in the ingest
                 # benchmark, 2026-11-26, failed on rank 1 and left no diagnosis).
                 warned = True
                 log("ray_data_window_waiting", level="warning", window=window.seq, arrived=total,
-                    size=window.size, stash=sorted(self._stash), diagnosis=self._diagnosis())
+                    size=expected, stash=sorted(self._stash), diagnosis=self._diagnosis())
             if time.monotonic() - progress > STALL_S:
-                raise IngestError(f"window {window.seq}: {total} of its {window.size} rows arrived and no slice "
+                raise IngestError(f"window {window.seq}: {total} of its {expected} rows arrived and no slice "
                                   f"came for {STALL_S:.0f} s; the Ray Data pipeline stalled (the group restarts "
                                   f"from its last checkpoint). {self._diagnosis()}")
             rows = self._take(POLL_S if self.world > 1 else 1.0)
@@ -187,19 +202,24 @@ class RayDataStream:
 
     def _batch(self, window: Window, rows: list[dict]) -> Batch:
         x0, y0 = self._empty
-        xs, ys, crcs, bad = [x0], [y0], [np.empty(0, np.uint32)], []
+        xs, ys, crcs, bad, bad_labels, expired, join = [x0], [y0], [np.empty(0, np.uint32)], [], [], 0, None
         for r in rows:
             y = np.frombuffer(r["y"], dtype=r["y_dtype"])
             xs.append(np.frombuffer(r["x"], dtype=r["x_dtype"]).reshape(len(y), *x0.shape[1:]))
             ys.append(y)
             crcs.append(np.frombuffer(r["crc"], dtype=np.uint32))
-            bad.extend((Message(p, o, value), reason) for p, o, reason, value
-                       in zip(r["bad_partition"], r["bad_offset"], r["bad_reason"], r["bad_value"], strict=True))
+            bad.extend(_dead(r, "bad"))
+            bad_labels.extend(_dead(r, "bad_label"))
+            expired += r["expired"] or 0
+            if (state := source.read_join_state(r)) is not None:  # a checkpoint window: each lane's state
+                join = {**(join or {}), **state}
             self.stats["read_s"] += r["read_s"]
             self.stats["decode_s"] += r["decode_s"]
             self.stats["slices"] += 1
         # Copies: frombuffer views are read-only, and torch wants writable arrays.
-        return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad)
+        return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad,
+                     bad_labels=bad_labels, expired=expired,
+                     join_snapshot=(join or {}) if window.checkpoint and self.label_topic is not None else None)
 
     def ingest_stats(self) -> dict:
         """Since the last checkpoint, for its metrics and `streamlearn status`: the Ray Data stage's
@@ -212,6 +232,8 @@ class RayDataStream:
         """After the window is learned, in window order: the same contract as the direct path."""
         for message, reason in batch.bad:
             self.dead_letters.send(message, reason)
+        for message, reason in batch.bad_labels:
+            self.dead_letters.send(message, reason, source_topic=self.label_topic)
 
     def dlq_positions(self) -> dict[int, int]:
         """At a checkpoint: where a replay's scan for already-written dead letters starts."""
@@ -221,8 +243,9 @@ class RayDataStream:
         if self._feed is not None:
             ray.kill(self._feed)  # the lanes' next ask fails and the Dataset ends with the group
         self.dead_letters.close()
-        if self.reader is not None:
-            self.reader.close()
+        for reader in (self.reader, self.label_reader):
+            if reader is not None:
+                reader.close()
 
 
 class _Pending:
@@ -233,6 +256,12 @@ class _Pending:
 
     def result(self) -> Batch:
         return self.stream.collect(self.window)
+
+
+def _dead(row: dict, prefix: str) -> list[tuple[Message, str]]:
+    """A DECODED row's dead letters of one kind ("bad": events, "bad_label": labels)."""
+    columns = (row[f"{prefix}_partition"], row[f"{prefix}_offset"], row[f"{prefix}_reason"], row[f"{prefix}_value"])
+    return [(Message(p, o, value), reason) for p, o, reason, value in zip(*columns, strict=True)]
 
 
 def _sum_across_ranks(n: int) -> int:

@@ -102,41 +102,13 @@ class WorkerStream:
             messages = self.reader.read_raw(window.slice_for(self.rank, self.world))
             labels = self.label_reader.read_raw(window.label_slice_for(self.rank, self.world)) if self.join else []
         with self.phases("decode", window=window.seq, messages=len(messages)):
-            values = [m.value() for m in messages]
-            events, decoded, bad = self.pipeline.schema.decode_many(values)
-            x, y, kept, bad = featurize(self.pipeline, events, decoded, bad)
-            crc32 = zlib.crc32
-            crcs = np.fromiter((crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
-            dead = [(Message(messages[i].partition(), messages[i].offset(), values[i]), reason)
-                    for i, reason in sorted(bad)]
+            decoded = decode_events(self.pipeline, messages)
         if self.join is None:
-            return Batch(window, x, y, crcs, dead, time.perf_counter() - started)
-        if len(kept) < len(decoded):  # the pipeline refused some: keep the events that have rows
-            events = [e for e, i in zip(events, decoded, strict=True) if i in set(kept)]
+            return Batch(window, decoded.x, decoded.y, decoded.crcs, decoded.dead, time.perf_counter() - started)
         with self.phases("join", window=window.seq, labels=len(labels)):
-            batch = self._join(window, messages, values, events, kept, x, crcs, labels, dead)
+            batch = join_window(self.pipeline, self.join, window, decoded, labels)
         batch.read_s = time.perf_counter() - started
         return batch
-
-    def _join(self, window: Window, messages: list, values: list[bytes], events: list[dict], kept: list[int],
-              x: np.ndarray, crcs: np.ndarray, label_messages: list, dead: list) -> Batch:
-        """Joined labels: this window's events wait for their labels and its labels find their
-        events (labelled.py); the batch is what joined, with the bad and unjoined labels."""
-        spec = self.pipeline.labels
-        keys = join_keys(list(map(itemgetter(spec.key), events)))
-        label_values = [m.value() for m in label_messages]
-        found, lkept, lbad = spec.schema.decode_columns(label_values)
-        bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), label_values[i]), reason)
-                      for i, reason in sorted(lbad)]
-        labels = _labels_by_partition(label_messages, label_values, lkept, join_keys(found[spec.key]),
-                                      self.pipeline.label_targets(found))
-        out = self.join.window(_events_by_partition(messages, values, kept, keys, x, crcs), labels)
-        features = np.concatenate([x[:0], *out.features])
-        targets = np.concatenate([np.empty(0, np.float32), *out.targets])
-        crcs = np.concatenate([np.empty(0, np.uint32), *out.crcs])
-        return Batch(window, features, targets, crcs, dead + out.dead_events,
-                     bad_labels=bad_labels + out.dead_labels, expired=out.expired,
-                     join_snapshot=self.join.snapshot() if window.checkpoint else None)
 
     def dead_letter(self, batch: Batch) -> None:
         """Called in window order after the window is learned. Sending from the read-ahead
@@ -154,6 +126,59 @@ class WorkerStream:
         self.reader.close()
         if self.label_reader is not None:
             self.label_reader.close()
+
+
+@dataclass
+class Decoded:
+    """A slice's events, decoded: features and targets of the valid ones, their fingerprints,
+    the bad ones' dead letters; and what the join needs (the messages, their bytes, the valid
+    events and their rows)."""
+
+    messages: list
+    values: list[bytes]
+    events: list[dict]
+    kept: list[int]
+    x: np.ndarray
+    y: np.ndarray
+    crcs: np.ndarray
+    dead: list[tuple[Message, str]]
+
+
+def decode_events(pipeline: Pipeline, messages: list) -> Decoded:
+    """Parse, validate, featurize and fingerprint a slice's messages (the direct path's ranks and
+    the Ray Data lanes with joined labels: one decoder, one set of dead-letter reasons)."""
+    values = [m.value() for m in messages]
+    events, decoded, bad = pipeline.schema.decode_many(values)
+    x, y, kept, bad = featurize(pipeline, events, decoded, bad)
+    crc32 = zlib.crc32
+    crcs = np.fromiter((crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
+    dead = [(Message(messages[i].partition(), messages[i].offset(), values[i]), reason) for i, reason in sorted(bad)]
+    if len(kept) < len(decoded):  # the pipeline refused some: keep the events that have rows
+        rows = set(kept)
+        events = [e for e, i in zip(events, decoded, strict=True) if i in rows]
+    return Decoded(messages, values, events, kept, x, y, crcs, dead)
+
+
+def join_window(pipeline: Pipeline, join: LabelJoin, window: Window, events: Decoded, label_messages: list) -> Batch:
+    """Joined labels: a slice's events wait for their labels and its labels find their events
+    (labelled.py); the batch is what joined, with the bad and unjoined labels, and at a
+    checkpoint window the join state right after it."""
+    spec = pipeline.labels
+    keys = join_keys(list(map(itemgetter(spec.key), events.events)))
+    label_values = [m.value() for m in label_messages]
+    found, lkept, lbad = spec.schema.decode_columns(label_values)
+    bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), label_values[i]), reason)
+                  for i, reason in sorted(lbad)]
+    labels = _labels_by_partition(label_messages, label_values, lkept, join_keys(found[spec.key]),
+                                  pipeline.label_targets(found))
+    out = join.window(_events_by_partition(events.messages, events.values, events.kept, keys, events.x, events.crcs),
+                      labels)
+    features = np.concatenate([events.x[:0], *out.features])
+    targets = np.concatenate([np.empty(0, np.float32), *out.targets])
+    crcs = np.concatenate([np.empty(0, np.uint32), *out.crcs])
+    return Batch(window, features, targets, crcs, events.dead + out.dead_events,
+                 bad_labels=bad_labels + out.dead_labels, expired=out.expired,
+                 join_snapshot=join.snapshot() if window.checkpoint else None)
 
 
 class Deferred:

@@ -179,9 +179,6 @@ def _reap(groups: list[_Group]) -> list[_Group]:
 def _check_joined_labels(cfg: TrainConfig, kafka: KafkaSettings, suffix: str) -> None:
     """A pipeline with joined labels reads `<topic><suffix>` beside the topic, partition by partition."""
     topic = cfg.topic + suffix
-    if cfg.ingest != "direct":
-        raise ConfigError(f"pipeline {cfg.pipeline!r} joins delayed labels, which --ingest {cfg.ingest} does not do "
-                          "yet; train it with --ingest direct")
     events, labels = len(partitions_of(kafka, cfg.topic)), len(partitions_of(kafka, topic))
     if labels != events:
         raise ConfigError(f"pipeline {cfg.pipeline!r} joins labels from {topic!r}, which needs the {events} "

@@ -1,5 +1,6 @@
 """Delayed labels (issue 16), trained exactly once across both topics through a worker SIGKILL
-and a resumed run on another number of workers.
+and a resumed run on another number of workers, in both ingest modes: joined by the rank that
+reads a partition (direct) or by the Ray Data lane that reads it (ray-data).
 
 The generator sends events without `is_fraud` and each label 0.2-2 s later on `<topic>.labels`
 (10 % never); `fraud_delayed` learns an event once its label has come. The TTL (an hour) is far
@@ -34,7 +35,7 @@ from streamlearn.train.trainer import run_dir, train
 
 from .streams import dead_letter_keys, read_topic
 from .test_faults import Training, checkpoint_after, finish_training, recovery
-from .test_training import config, train_workers
+from .test_training import INGESTS, config, train_workers
 
 pytestmark = pytest.mark.integration
 PLAN = LabelPlan(parse_label_delay("uniform:0.2:2.0"), unlabelled_fraction=0.1)
@@ -95,11 +96,12 @@ def assert_joined_exactly_once(settings, cfg) -> dict:
     return meta
 
 
+@INGESTS
 @pytest.mark.timeout(900)
 def test_delayed_labels_are_learned_once_through_a_worker_kill_and_a_resume_on_one_worker(
-        kafka, kafka_settings, ray_cluster, topic, tmp_path):
+        kafka, kafka_settings, ray_cluster, topic, tmp_path, ingest):
     ensure_topics(kafka_settings, {f"{topic}.labels": 4})
-    cfg = config(tmp_path, topic, pipeline="fraud_delayed")
+    cfg = config(tmp_path, topic, pipeline="fraud_delayed", ingest=ingest)
     load, training = LabelledLoad(kafka.bootstrap, topic, seed=500), Training(cfg, kafka_settings)
     load.start()
     training.start()
@@ -118,10 +120,12 @@ def test_delayed_labels_are_learned_once_through_a_worker_kill_and_a_resume_on_o
     meta = assert_joined_exactly_once(kafka_settings, cfg)
     assert summary["lineage_learned"] == meta["counters"]["learned"] > 2_000
     assert meta["join"]["pending"]["events"] > 0
+    assert meta["metrics"]["ingest"]["mode"] == ingest
 
     # Resume on one worker: the join state of all four partitions moves to rank 0, and labels
     # of events learned before (none: no duplicates) or waiting since the last run find them.
     run_load(kafka.bootstrap, topic, partitions=4, count=3_000, bad_fraction=0.02, seed=900, labels=PLAN)
-    train(config(tmp_path, topic, pipeline="fraud_delayed", workers=1, until_idle_s=4.0), kafka_settings)
+    train(config(tmp_path, topic, pipeline="fraud_delayed", workers=1, until_idle_s=4.0, ingest=ingest),
+          kafka_settings)
     again = assert_joined_exactly_once(kafka_settings, cfg)
     assert again["counters"]["learned"] > meta["counters"]["learned"] + 2_000

@@ -1,4 +1,5 @@
-"""The direct stream's join of a window (WorkerStream._join) on confluent-shaped messages: what
+"""The join of a window (`stream.decode_events` + `stream.join_window`, what a direct-path rank
+and a Ray Data lane both run) on confluent-shaped messages: what
 comes out is each labelled event with its own label as the target and its own bytes in the
 fingerprint; malformed labels and duplicates go to the dead letters with their reasons; a
 checkpoint window carries the state. Kafka itself: tests/integration/test_delayed_labels.py."""
@@ -7,16 +8,14 @@ from __future__ import annotations
 
 import json
 import zlib
-
-import numpy as np
+from types import SimpleNamespace
 
 from load.generator import BankingSimulator, encode_batch
 from load.labels import encode_label
 from streamlearn.ingest.labelled import LabelJoin
-from streamlearn.ingest.stream import WorkerStream, feature_width, featurize
+from streamlearn.ingest.stream import decode_events, feature_width, join_window
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import load_pipeline
-from streamlearn.train.phases import Phases
 
 
 class Msg:
@@ -38,19 +37,14 @@ class Msg:
         return 1, self._t
 
 
-def _stream() -> WorkerStream:
-    stream = object.__new__(WorkerStream)  # the joining half only: no Kafka
-    stream.pipeline, stream.rank, stream.world, stream.phases = load_pipeline("fraud_delayed"), 0, 1, Phases(0)
-    stream.join = LabelJoin(stream.pipeline.labels, feature_width(stream.pipeline), 2)
-    return stream
+def _stream() -> SimpleNamespace:
+    pipeline = load_pipeline("fraud_delayed")  # the joining half only: no Kafka
+    return SimpleNamespace(pipeline=pipeline, join=LabelJoin(pipeline.labels, feature_width(pipeline), 2))
 
 
-def _window(stream: WorkerStream, messages: list[Msg], labels: list[Msg], checkpoint: bool = False):
-    values = [m.value() for m in messages]
-    events, kept, bad = stream.pipeline.schema.decode_many(values)
-    x, _, kept, bad = featurize(stream.pipeline, events, kept, bad)
-    crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), np.uint32, len(kept))
-    return stream._join(Window(0, {}, checkpoint=checkpoint), messages, values, events, kept, x, crcs, labels, [])
+def _window(stream: SimpleNamespace, messages: list[Msg], labels: list[Msg], checkpoint: bool = False):
+    return join_window(stream.pipeline, stream.join, Window(0, {}, checkpoint=checkpoint),
+                       decode_events(stream.pipeline, messages), labels)
 
 
 def test_a_window_learns_each_labelled_event_with_its_own_label():

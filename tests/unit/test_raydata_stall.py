@@ -27,6 +27,7 @@ class _Table:
 def _stream() -> RayDataStream:
     stream = object.__new__(RayDataStream)  # the collecting half only: no Kafka, no Dataset
     stream.world, stream._queue, stream._stash, stream._ended, stream._feed = 1, queue.Queue(), {}, False, None
+    stream.label_topic = None  # inline labels: a window is complete at its offsets
     return stream
 
 
