@@ -134,7 +134,7 @@ def main() -> None:
            {1: done["delayed-1"], 2: done["delayed-2"]})
 
 
-def _median_run(runs: list[dict]) -> dict:
+def median_run(runs: list[dict]) -> dict:
     """The run whose steady rate is the median; every figure of the summary is the median across runs."""
     keys = ("steady_events_per_s", "end_to_end_s", "end_to_end_events_per_s", "first_step_s", "checkpoint_share",
             "window_overhead_ms_median")
@@ -145,8 +145,8 @@ def _median_run(runs: list[dict]) -> dict:
 def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, rd_runs: list[dict],
            delayed_runs: dict) -> None:
     base = statistics.median(base_runs)
-    one, two, rd = _median_run(runs[1]), _median_run(runs[2]), _median_run(rd_runs)
-    delayed = {w: _median_run(rs) for w, rs in delayed_runs.items()}
+    one, two, rd = median_run(runs[1]), median_run(runs[2]), median_run(rd_runs)
+    delayed = {w: median_run(rs) for w, rs in delayed_runs.items()}
     figures = {"events": n, "baseline_events_per_s": base, "baseline_runs": base_runs,
                "baseline_quiet_gc_events_per_s": statistics.median(quiet_runs), "baseline_quiet_gc_runs": quiet_runs,
                "streamlearn_1_worker_events_per_s": one["steady_events_per_s"],

@@ -34,16 +34,3 @@ class MetricsFraud(load_pipeline("fraud").__class__):
     counts must own its series."""
 
     name = "fraud-metrics"
-
-
-class HeavyFraud(load_pipeline("fraud").__class__):
-    """The fraud pipeline with a much wider network: a worker that learns a few thousand events/s,
-    so a burst outgrows one worker (the real fraud model drains a 250k-event burst on one worker
-    before a policy can ask for a second; the autoscaling test is about the policy, not the model)."""
-
-    name = "fraud-heavy"
-
-    def build_model(self):
-        from pipelines.mlp import FraudMLP
-
-        return FraudMLP(self.n_features, hidden=1024)

@@ -89,7 +89,7 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
     env = {**os.environ, **cluster}
     checkpoints = tmp_path / "ckpt"
     train = subprocess.Popen(
-        [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "tests.integration.models:HeavyFraud",
+        [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "fraud_heavy",
          "--run-name", "fraud", "--bootstrap", kafka.bootstrap,
          "--topic", topic, "--workers", "1", "--min-workers", "1", "--max-workers", "2", "--cpus-per-worker", "1",
          "--checkpoint-dir", str(checkpoints), "--checkpoint-every-s", "2", "--up-cooldown", "3",

@@ -25,9 +25,9 @@ from .test_training import assert_exactly_once, config
 
 @pytest.mark.timeout(900)
 def test_warm_resizes_with_ray_data_learn_every_event_once(kafka, kafka_settings, ray_cluster, topic, tmp_path):
-    # HeavyFraud learns ~11k events/s per worker here: a 150k burst is more than one worker drains
+    # fraud_heavy learns ~11k events/s per worker here: a 150k burst is more than one worker drains
     # in --target-drain, so the policy asks for a second, and the trickle after it lets it go.
-    cfg = config(tmp_path, topic, pipeline="tests.integration.models:HeavyFraud", ingest="ray-data", workers=1,
+    cfg = config(tmp_path, topic, pipeline="fraud_heavy", ingest="ray-data", workers=1,
                  until_idle_s=8.0, checkpoint_every_s=2.0, checkpoint_every_steps=200, window_events=8192,
                  batch_size=256)
     policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=8, target_drain_s=10,
