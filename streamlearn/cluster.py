@@ -27,7 +27,7 @@ import yaml
 
 from streamlearn.config import cache_dir, repo_file
 from streamlearn.errors import ConfigError, StreamlearnError
-from streamlearn.kafka.broker import free_port
+from streamlearn.kafka.broker import free_ports
 
 
 class ClusterError(StreamlearnError):
@@ -97,10 +97,12 @@ def render_config(spec: ClusterSpec, gcs_address: str) -> dict:
 
 def up(spec: ClusterSpec) -> LocalCluster:
     """Start the head (its autoscaler starts worker nodes on demand); return where it is."""
-    port = spec.port or free_port()
+    # One draw for the head's five listeners: separate draws can repeat a port (ray start refused one).
+    ports = [p for p in free_ports(5) if p != spec.port]
+    port = spec.port or ports.pop()
     if _state_file(port).exists() and _alive(_temp_dir(port)):
         return LocalCluster(**json.loads(_state_file(port).read_text()))
-    address, dashboard_port = f"127.0.0.1:{port}", free_port()
+    address, (dashboard_port, agent_port, client_port, metrics_port) = f"127.0.0.1:{port}", ports[:4]
     config_path = cache_dir() / "clusters" / f"{port}-autoscaler.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(render_config(spec, address)))
@@ -109,8 +111,8 @@ def up(spec: ClusterSpec) -> LocalCluster:
                "--node-ip-address=127.0.0.1", "--num-cpus=0",
                f"--autoscaling-config={config_path}", f"--temp-dir={_temp_dir(port)}",
                "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-               f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
-               f"--metrics-export-port={free_port()}", f"--object-store-memory={spec.object_store_mb * 1024 * 1024}",
+               f"--dashboard-agent-listen-port={agent_port}", f"--ray-client-server-port={client_port}",
+               f"--metrics-export-port={metrics_port}", f"--object-store-memory={spec.object_store_mb * 1024 * 1024}",
                "--disable-usage-stats"]
     token = _token_file(port)
     if not token.exists():

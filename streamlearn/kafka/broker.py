@@ -31,14 +31,36 @@ def free_port() -> int:
     """A loopback port free now, below the kernel's ephemeral range (32768+ on Linux): a port
     from that range (what binding port 0 gives) can be taken by any process's outgoing
     connection before its new owner binds it (a Serve proxy failed to bind one in CI)."""
-    for port in random.sample(range(20000, 32768), 200):
-        with socket.socket() as s:
+    return free_ports(1)[0]
+
+
+_GIVEN: set[int] = set()  # ports this process handed out: none is handed out twice
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` different free ports, none handed out before by this process: a port picked but not
+    yet bound looks free, and two draws gave `ray start` one port for two of its servers
+    (2026-11-26). Each is held bound until all are picked."""
+    held: list[socket.socket] = []
+    try:
+        for port in random.sample(range(20000, 32768), 200 + n):
+            if port in _GIVEN:
+                continue
+            s = socket.socket()
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                s.close()
                 continue
-            return port
-    raise OSError("no free loopback port in 20000-32767")
+            held.append(s)
+            if len(held) == n:
+                ports = [s.getsockname()[1] for s in held]
+                _GIVEN.update(ports)
+                return ports
+        raise OSError(f"not {n} free loopback ports in 20000-32767")
+    finally:
+        for s in held:
+            s.close()
 
 
 def port_in_use(port: int) -> bool:

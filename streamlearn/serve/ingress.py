@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streamlearn.errors import ConfigError
-from streamlearn.kafka.broker import free_port
+from streamlearn.kafka.broker import free_ports
 
 LOOPBACK_WRAPPER = Path(__file__).with_name("haproxy-loopback")
 # HAProxy refuses a unix socket path over 97 bytes, and Ray 2.60 puts each node's files under
@@ -55,10 +55,9 @@ def ingress_env(state_dir: str | Path, *, loopback: bool = True) -> dict[str, st
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(state),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(state / "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(state / "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
+        **dict(zip(("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+                    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"),
+                   map(str, free_ports(4)), strict=True)),  # one draw: four different ports
         # A stopping replica stays open this long for HAProxy to drop it (Ray's default, 30 s, is
         # for cloud load balancers): HAProxy here is on the same node and reloads in well under a
         # second, and every scale-down, redeploy and `serve shutdown` waited the full 30 s.
