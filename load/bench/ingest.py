@@ -13,7 +13,8 @@ checkpoint share and the per-window overhead are reported apart. `--ingest ray-d
 reads, decodes and splits the stream) runs with 2 workers beside the direct path's 2 workers.
 Delayed labels: the same events again on a second topic without `is_fraud`, each label on
 `<topic>.labels` 0-1 s after its event (load/labels.py), learned by `fraud_delayed` (the same
-model, its target joined in the trainer) with 1 and 2 workers, against the inline runs.
+model, its target joined in the trainer) with 1 and 2 workers, against the inline runs, and
+with `--ingest ray-data` (joined in the read lanes) against Ray Data's inline runs.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def main() -> None:
         contenders = {"direct-1": {"workers": 1}, "direct-2": {"workers": 2},
                       "ray-data-2": {"workers": 2, "ingest": "ray-data"},
                       "delayed-1": {"workers": 1, "topic": DELAYED, "pipeline": "fraud_delayed"},
-                      "delayed-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed"}}
+                      "delayed-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed"},
+                      "delayed-ray-data-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed",
+                                             "ingest": "ray-data"}}
         # Round after round, every contender once per round, not each contender's runs in a block:
         # this machine's speed drifts by tens of percent within minutes, and blocks turned that
         # drift into ratios (Ray Data against direct, same code and hour: 0.95x alternating,
@@ -131,7 +134,7 @@ def main() -> None:
                 done[name].append(pipeline_rate(broker.bootstrap, args.events, home=home, **kwargs))
         ray.shutdown()
     report(args.events, base, base_quiet, {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"],
-           {1: done["delayed-1"], 2: done["delayed-2"]})
+           {1: done["delayed-1"], 2: done["delayed-2"]}, done["delayed-ray-data-2"])
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -143,9 +146,10 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, rd_runs: list[dict],
-           delayed_runs: dict) -> None:
+           delayed_runs: dict, rd_delayed_runs: list[dict]) -> None:
     base = statistics.median(base_runs)
     one, two, rd = median_run(runs[1]), median_run(runs[2]), median_run(rd_runs)
+    rd_delayed = median_run(rd_delayed_runs)
     delayed = {w: median_run(rs) for w, rs in delayed_runs.items()}
     figures = {"events": n, "baseline_events_per_s": base, "baseline_runs": base_runs,
                "baseline_quiet_gc_events_per_s": statistics.median(quiet_runs), "baseline_quiet_gc_runs": quiet_runs,
@@ -170,8 +174,12 @@ def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, 
                **{f"ratio_delayed_labels_vs_inline_{w}_worker{'s' if w > 1 else ''}":
                   d["steady_events_per_s"] / (one if w == 1 else two)["steady_events_per_s"]
                   for w, d in delayed.items()},
+               "ray_data_delayed_labels_2_workers_events_per_s": rd_delayed["steady_events_per_s"],
+               "ratio_ray_data_delayed_labels_vs_ray_data_inline_2_workers":
+                   rd_delayed["steady_events_per_s"] / rd["steady_events_per_s"],
                "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs,
-                        **{f"delayed-labels-{w}": rs for w, rs in delayed_runs.items()}}}
+                        **{f"delayed-labels-{w}": rs for w, rs in delayed_runs.items()},
+                        "delayed-labels-ray-data-2": rd_delayed_runs}}
     write_json("ingest", figures)
     defaults = TrainConfig
     lines = [
@@ -193,12 +201,17 @@ def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, 
         *[f"| streamlearn, delayed labels joined in the trainer (`fraud_delayed`), {w} worker{'s' if w > 1 else ''} | "
           f"{d['steady_events_per_s']:,.0f} | {d['steady_events_per_s'] / base:.2f} | "
           f"{d['first_step_s']:.1f} s | {d['end_to_end_s']:.1f} s |" for w, d in delayed.items()],
+        f"| streamlearn `--ingest ray-data`, delayed labels joined in the read lanes, 2 workers | "
+        f"{rd_delayed['steady_events_per_s']:,.0f} | {rd_delayed['steady_events_per_s'] / base:.2f} | "
+        f"{rd_delayed['first_step_s']:.1f} s | {rd_delayed['end_to_end_s']:.1f} s |",
         "",
         f"Ray Data against the direct path, 2 workers each: {figures['ratio_ray_data_vs_direct_2_workers']:.2f}x "
         f"the learned rate, first step {figures['first_step_gap_s_ray_data_vs_direct']:+.1f} s. Delayed labels "
         f"(each label on its own topic 0-1 s after its event, joined in the trainer) against inline labels, "
         f"same workers: {figures['ratio_delayed_labels_vs_inline_1_worker']:.2f}x the learned rate with 1 worker, "
-        f"{figures['ratio_delayed_labels_vs_inline_2_workers']:.2f}x with 2 (the default).",
+        f"{figures['ratio_delayed_labels_vs_inline_2_workers']:.2f}x with 2 (the default); joined in Ray Data's "
+        f"lanes, {figures['ratio_ray_data_delayed_labels_vs_ray_data_inline_2_workers']:.2f}x Ray Data's own "
+        "inline-label rate.",
         "",
         "| per run (median) | direct, 1 worker | direct, 2 workers | ray-data, 2 workers |", "|---|---:|---:|---:|",
         f"| checkpointing, share of the steady wall time (training thread) | {one['checkpoint_share']:.1%} | "
