@@ -174,8 +174,9 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
                 return
             read_s = time.perf_counter() - started
             batch = join_window(pipeline, join, window, decode_events(pipeline, messages), label_messages)
-            yield pa.table(_decoded_row(seq, batch, len(messages) + len(label_messages) + 1, read_s,
-                                        time.perf_counter() - started - read_s), schema=DECODED)
+            row = _decoded_row(seq, batch, len(messages) + len(label_messages) + 1, read_s,
+                               time.perf_counter() - started - read_s)
+            yield pa.Table.from_pylist([row], schema=DECODED)
             if window.stop:
                 return
     finally:
@@ -230,7 +231,7 @@ def decode(slices: pa.Table, pipeline: Pipeline) -> pa.Table:
     window writes them to the dead-letter topic, in window order, as the direct path does.
     Written here, a stage running windows ahead of training, retried by Ray Data, or outliving a
     killed group by a moment wrote one dead letter twice in 1,185 under two worker kills (CI)."""
-    out: dict[str, list] = {name: [] for name in DECODED.names}
+    out = []
     for row in slices.to_pylist():
         started = time.perf_counter()
         values = row["value"]
@@ -239,16 +240,14 @@ def decode(slices: pa.Table, pipeline: Pipeline) -> pa.Table:
         crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
         dead = [(Message(row["partition"][i], row["offset"][i], values[i]), reason) for i, reason in sorted(bad)]
         batch = Batch(None, x, y, crcs, dead)
-        decoded = _decoded_row(row["window"], batch, len(values), row["read_s"], time.perf_counter() - started)
-        for name, value in decoded.items():
-            out[name].append(value[0])
-    return pa.table(out, schema=DECODED)
+        out.append(_decoded_row(row["window"], batch, len(values), row["read_s"], time.perf_counter() - started))
+    return pa.Table.from_pylist(out, schema=DECODED)
 
 
-def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: float) -> dict[str, list]:
+def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: float) -> dict:
     """One slice as a DECODED row: matrices as bytes, dead letters by coordinates and reason,
     and with joined labels the labels dead-lettered, the events expired and, at a checkpoint
-    window, the lane's join state (an .npz)."""
+    window, the lane's join state (an .npz; empty bytes between checkpoints)."""
     x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
     join = b""
     if batch.join_snapshot is not None:
@@ -258,17 +257,17 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
            "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
-           "expired": batch.expired, "join": join, "has_join": batch.join_snapshot is not None}
+           "expired": batch.expired, "join": join}
     for prefix, dead in (("bad", batch.bad), ("bad_label", batch.bad_labels)):
         row.update({f"{prefix}_partition": [m.partition for m, _ in dead],
                     f"{prefix}_offset": [m.offset for m, _ in dead],
                     f"{prefix}_reason": [r for _, r in dead], f"{prefix}_value": [m.value for m, _ in dead]})
-    return {name: [value] for name, value in row.items()}
+    return row
 
 
 def read_join_state(row: dict) -> dict[str, np.ndarray] | None:
     """The join state a DECODED row carries (a checkpoint window's), or None."""
-    if not row["has_join"]:
+    if not row["join"]:  # np.savez writes a zip even of no arrays: empty bytes means none
         return None
     with np.load(io.BytesIO(row["join"])) as arrays:
         return {name: arrays[name] for name in arrays.files}
@@ -283,7 +282,7 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("bad_value", pa.list_(pa.binary())),
                      ("bad_label_partition", pa.list_(pa.int32())), ("bad_label_offset", pa.list_(pa.int64())),
                      ("bad_label_reason", pa.list_(pa.string())), ("bad_label_value", pa.list_(pa.binary())),
-                     ("expired", pa.int64()), ("join", pa.large_binary()), ("has_join", pa.bool_()),
+                     ("expired", pa.int64()), ("join", pa.large_binary()),
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 

@@ -210,7 +210,7 @@ class RayDataStream:
             crcs.append(np.frombuffer(r["crc"], dtype=np.uint32))
             bad.extend(_dead(r, "bad"))
             bad_labels.extend(_dead(r, "bad_label"))
-            expired += r["expired"] or 0
+            expired += r["expired"]
             if (state := source.read_join_state(r)) is not None:  # a checkpoint window: each lane's state
                 join = {**(join or {}), **state}
             self.stats["read_s"] += r["read_s"]

@@ -15,8 +15,8 @@ from streamlearn.ingest.stream import Batch
 from streamlearn.ingest.windows import Window
 
 
-def _through_arrow(row: dict[str, list]) -> dict:
-    return pa.table(row, schema=source.DECODED).to_pylist()[0]
+def _through_arrow(row: dict) -> dict:
+    return pa.Table.from_pylist([row], schema=source.DECODED).to_pylist()[0]
 
 
 def test_a_joined_checkpoint_slice_survives_the_trip_whole():
