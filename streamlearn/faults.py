@@ -33,6 +33,9 @@ POINTS = {
     "handover_go": "a warm group's worker, told to take over, before it restores the checkpoint",
     "serve_mid_swap": "a Serve replica with the next approved version loaded, before the moment every "
                       "replica switches to it",
+    # Not a kill: the one place a fault drops data instead, as Ray Data twice lost a slice
+    # between a read lane and the ranks (DECISIONS §1). The rank throws the slice away unseen.
+    "ray_data_slice_lost": "a rank's Ray Data pump, a window slice received: dropped, never held",
 }
 _SPEC = re.compile(r"^(?P<point>[a-z_]+)(@rank(?P<rank>\d+))?(#(?P<nth>\d+))?$")
 
@@ -72,18 +75,29 @@ def arm(spec: str, rank: int | None, run_dir: Path) -> None:
 
 def point(name: str) -> None:
     """A place where an armed fault kills this process."""
+    if _fires(name):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def drops(name: str) -> bool:
+    """A place where an armed fault loses what passes (True: drop it)."""
+    return _fires(name)
+
+
+def _fires(name: str) -> bool:
     if not _armed:
-        return
+        return False
     for fault in _armed:
         if fault["point"] != name or fault.get("spent"):
             continue
         fault["seen"] += 1
         if fault["seen"] == fault["nth"]:
             fault["mark"].parent.mkdir(parents=True, exist_ok=True)
+            fault["spent"] = True
             try:
                 with open(fault["mark"], "x") as mark:
                     mark.write(f"{name} pid {os.getpid()}")
             except FileExistsError:  # another process fired it first: once per lineage
-                fault["spent"] = True
                 continue
-            os.kill(os.getpid(), signal.SIGKILL)
+            return True
+    return False

@@ -41,25 +41,28 @@ def controller_name(run_name: str) -> str:
 
 
 def render(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
-           problems: dict[str, str] | None = None, ray: dict | None = None, served: dict | None = None) -> Group:
+           problems: dict[str, str] | None = None, ray: dict | None = None, served: dict | None = None,
+           failure: dict | None = None) -> Group:
     """The whole screen. `problems` says why a source is None: {"controller": ..., "scorer": ...};
     `ray` (Sources.ray_access) is None when not connected to Ray, and its part is then left out;
-    `served` is the evaluator's newest row (None: no evaluator has written one)."""
+    `served` is the evaluator's newest row (None: no evaluator has written one); `failure` the
+    newest group failure a worker diagnosed (failures.jsonl; None: none)."""
     problems = problems or {}
     title = Text.assemble(("streamlearn status", "bold"), f"  run {run_name or (snapshot or {}).get('run_name', '?')}",
                           f"  {time.strftime('%H:%M:%S', time.localtime(now))}")
-    parts = [title, Text(""), _training(snapshot, now, problems.get("controller")), Text(""),
+    parts = [title, Text(""), _training(snapshot, now, problems.get("controller"), failure), Text(""),
              _serving(model, now, problems.get("scorer"), served)]
     return Group(*parts, Text(""), _ray(ray)) if ray else Group(*parts)
 
 
 def render_text(snapshot: dict | None, model: dict | None, *, now: float, run_name: str = "",
                 problems: dict[str, str] | None = None, ray: dict | None = None, served: dict | None = None,
-                width: int = 100) -> str:
+                failure: dict | None = None, width: int = 100) -> str:
     """The screen as plain text (no colours, no cursor moves): for pipes, logs and tests."""
     out = io.StringIO()
     console = Console(file=out, width=width, force_terminal=False, color_system=None, highlight=False)
-    console.print(render(snapshot, model, now=now, run_name=run_name, problems=problems, ray=ray, served=served))
+    console.print(render(snapshot, model, now=now, run_name=run_name, problems=problems, ray=ray, served=served,
+                         failure=failure))
     return out.getvalue()
 
 
@@ -73,8 +76,12 @@ def _grid(heading: str) -> Table:
     return table
 
 
-def _training(snap: dict | None, now: float, problem: str | None) -> Table:
+def _training(snap: dict | None, now: float, problem: str | None, failure: dict | None = None) -> Table:
     table = _grid("Training (scale controller)")
+    if failure:  # from the run directory: shown whether or not the controller answers
+        table.add_row("last failure", Text(f"{_age(now, failure.get('t'))} ago, rank {failure.get('rank', '?')} "
+                                           f"of the group at v{failure.get('version', '?')}: {failure.get('error')}: "
+                                           f"{str(failure.get('message', ''))[:300]}", style="yellow"))
     if snap is None:
         table.add_row("controller", Text(f"{UNAVAILABLE}: {problem or 'not asked'}", style="yellow"))
         return table
@@ -351,11 +358,19 @@ class Sources:
 
         return read_last_jsonl(self.run_dir / "served.jsonl")
 
+    def failure(self) -> dict | None:
+        if self.run_dir is None:
+            return None
+        from streamlearn.observe.runfiles import read_last_jsonl
+
+        return read_last_jsonl(self.run_dir / "failures.jsonl")
+
     def frame(self) -> Group:
         snapshot, controller_problem = self.controller()
         model, scorer_problem = self.model()
         return render(snapshot, model, now=time.time(), run_name=self.run_name, ray=self.ray_access(),
-                      problems={"controller": controller_problem, "scorer": scorer_problem}, served=self.served())
+                      problems={"controller": controller_problem, "scorer": scorer_problem}, served=self.served(),
+                      failure=self.failure())
 
 
 def _auth_mode(dashboard: str, timeout_s: float) -> str | None:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings, TrainConfig
+from streamlearn.errors import StreamlearnError
 from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream, feature_width
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
@@ -164,6 +165,9 @@ def train_loop_per_worker(config: dict) -> None:
         if coordinator:
             coordinator.stopped()  # a resize's next group restores what this one just saved
         reporter.close()  # Ray's record of the last metrics, after the hand-over: not in its pause
+    except StreamlearnError as e:  # a failure we diagnosed: why Ray Train restarts the group
+        _append_failure(cfg, rank, gen, lineage.version, e)
+        raise
     finally:
         if coordinator:
             coordinator.close()
@@ -332,6 +336,15 @@ def _append_history(cfg: TrainConfig, row: dict) -> None:
     path = _run_dir(cfg) / "history.jsonl"
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def _append_failure(cfg: TrainConfig, rank: int, gen: int, version: int, error: StreamlearnError) -> None:
+    """One line per diagnosed group failure in <run dir>/failures.jsonl (`streamlearn status` shows
+    the newest): Ray Train restarts the group, and its own record of why is a worker's log."""
+    row = {"t": time.time(), "rank": rank, "gen": gen, "version": version, "error": type(error).__name__,
+           "message": str(error)[:2000]}
+    with open(_run_dir(cfg) / "failures.jsonl", "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
 
 
 def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict, dict] | None:

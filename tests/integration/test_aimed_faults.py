@@ -15,6 +15,7 @@ import pytest
 from load.generator import run_load
 from streamlearn import faults
 from streamlearn.autoscale.policy import ScalingPolicy
+from streamlearn.observe.runfiles import read_jsonl
 from streamlearn.train.trainer import run_dir, train
 
 from .test_autoscale import _rows
@@ -32,15 +33,19 @@ CASES = {
     "before_checkpoint_write@rank0#2": "before the checkpoint write",
     # Rank 1's dead letters sent but not flushed: a replay must not write any of them twice.
     "before_dead_letter_flush@rank1#2": "before the dead-letter flush",
+    # Ray Data only: a slice of a window never reaches a rank, as twice in the wild (DECISIONS §1).
+    # Every lane reads on past the window; rank 0 must call it lost (LOST_S, not the two-minute
+    # stall limit), and the restarted group relearn the window's events once.
+    "ray_data_slice_lost@rank1#3": "a Ray Data slice lost",
 }
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("fault,ingest", [
-    *((fault, "direct") for fault in CASES),
+    *((fault, "direct") for fault in CASES if not fault.startswith("ray_data")),
     # The checkpoint writer is the same code in both modes; what Ray Data changes is where dead
     # letters are written (its decode stage, a window ahead) and who commits after a publish.
-    *((fault, "ray-data") for fault in CASES if fault.startswith(("after_publish", "before_dead_letter"))),
+    *((fault, "ray-data") for fault in CASES if fault.startswith(("after_publish", "before_dead_letter", "ray_data"))),
 ], ids=lambda v: CASES.get(v, v))
 def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault,
                                             ingest):
@@ -52,6 +57,10 @@ def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, 
     assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
     meta = assert_exactly_once(kafka_settings, cfg)
     assert summary["lineage_learned"] == meta["counters"]["learned"]
+    if fault.startswith("ray_data_slice_lost"):  # called lost by rank 0, not left to the stall limit
+        failures = read_jsonl(run_dir(cfg) / "failures.jsonl")
+        assert [(f["rank"], f["error"]) for f in failures] == [(0, "IngestError")], failures
+        assert "Ray Data lost its slices" in failures[0]["message"], failures
 
 
 @pytest.mark.timeout(900)

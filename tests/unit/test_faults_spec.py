@@ -57,3 +57,12 @@ def test_the_nth_pass_kills_the_process_and_only_one_process_fires_a_spec(tmp_pa
     assert faults.mark_of(tmp_path / "a", "serve_mid_swap#2").read_text().startswith("serve_mid_swap pid ")
     # Armed in two replicas: the one that comes second finds the mark and lives on.
     assert _pass_point(tmp_path / "b", fired_elsewhere=True) == 0
+
+
+def test_a_drop_point_drops_its_nth_pass_once_and_leaves_its_mark(tmp_path):
+    faults.arm("ray_data_slice_lost@rank1#3", 1, tmp_path)
+    assert [faults.drops("ray_data_slice_lost") for _ in range(6)] == [False, False, True, False, False, False]
+    assert faults.mark_of(tmp_path, "ray_data_slice_lost@rank1#3").exists()
+    faults.arm("ray_data_slice_lost@rank1#3", 1, tmp_path)  # the restarted group: fired in this lineage
+    assert not any(faults.drops("ray_data_slice_lost") for _ in range(6))
+    faults.arm("", 1, tmp_path)

@@ -65,3 +65,43 @@ def test_slices_that_keep_coming_are_waited_for(monkeypatch):
 
     threading.Thread(target=trickle, daemon=True).start()
     assert sum(r["rows"] for r in stream._rows_of(window)) == 4
+
+
+def _lanes(*afters):
+    return {"windows": [], "lanes": {lane: {"after": after, "asked_s_ago": 0.1} for lane, after in enumerate(afters)}}
+
+
+def _fed(stream: RayDataStream, state: dict) -> list:
+    asks = []
+    stream._feed = object()  # rank 0: it holds the feed (asked through feed_state only)
+    stream.feed_state = lambda: asks.append(time.monotonic()) or state
+    return asks
+
+
+def test_a_window_every_lane_read_past_fails_long_before_the_stall_limit(monkeypatch):
+    """Each lane's slice was yielded (it asked the feed for a later window), Ray Data hands a lane's
+    blocks out in order, and the window still lacks rows: they are lost, so waiting on is useless."""
+    monkeypatch.setattr(raydata_stream, "STALL_S", 60.0)
+    monkeypatch.setattr(raydata_stream, "LOST_S", 0.4)
+    monkeypatch.setattr(raydata_stream, "LOST_CHECK_S", 0.1)
+    stream, window = _stream(), Window(seq=0, ranges={0: (0, 5)})
+    asks = _fed(stream, _lanes(2, 1))  # both lanes past window 0
+    stream._queue.put(_Table([{"window": 1, "rows": 5}]))  # a later window came; window 0 never will
+    started = time.monotonic()
+    with pytest.raises(IngestError, match="every read lane read past it .* Ray Data lost its slices"):
+        stream._rows_of(window)
+    assert time.monotonic() - started < 5
+    assert 2 <= len(asks) < 30  # asked only while waiting, at most every LOST_CHECK_S
+
+
+@pytest.mark.parametrize("afters", [(0, None), (2, -1), (3,)])
+def test_a_window_some_lane_has_not_read_past_waits_for_the_stall_limit(monkeypatch, afters):
+    """A lane still reading the window (a broker outage, a slow fetch) or not heard from yet (or a
+    feed that knows fewer lanes) is not a loss: only the stall limit fails the group then."""
+    monkeypatch.setattr(raydata_stream, "STALL_S", 1.0)
+    monkeypatch.setattr(raydata_stream, "LOST_S", 0.2)
+    monkeypatch.setattr(raydata_stream, "LOST_CHECK_S", 0.05)
+    stream, window = _stream(), Window(seq=0, ranges={0: (0, 5)})
+    _fed(stream, _lanes(*afters))
+    with pytest.raises(IngestError, match="no slice came for 1 s"):
+        stream._rows_of(window)

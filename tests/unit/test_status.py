@@ -121,3 +121,12 @@ def test_status_shows_the_quality_of_what_was_served_or_how_to_measure_it():
     waiting = {"t": NOW, "overall": {"window": 0}, "pending": {"answers": 42}}
     assert "no answer has met its label yet (42 waiting)" in " ".join(
         render_text(None, None, now=NOW, served=waiting).split())
+
+
+def test_status_shows_the_newest_group_failure_a_worker_diagnosed():
+    failure = {"t": NOW - 42, "rank": 0, "gen": 0, "version": 17, "error": "IngestError",
+               "message": "window 3: 4001 of its 8002 rows arrived, and every read lane read past it 31 s ago"}
+    for snapshot in (SNAPSHOT, None):  # from the run directory: there whether or not the controller answers
+        flat = " ".join(render_text(snapshot, MODEL, now=NOW, failure=failure).split())
+        assert "last failure 42 s ago, rank 0 of the group at v17: IngestError: window 3: 4001 of its" in flat
+    assert "last failure" not in render_text(SNAPSHOT, MODEL, now=NOW)
