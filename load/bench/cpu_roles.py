@@ -1,0 +1,201 @@
+"""Where the two cores go: CPU seconds by process role while `--ingest direct` and
+`--ingest ray-data` each learn the same events with 2 workers (the default count).
+
+    python -m load.bench.cpu_roles [--events 600000] [--runs 3]
+
+Issue 13's bar is Ray Data at 0.8x the direct path's learned rate; on two cores every CPU
+second Ray Data's own machinery spends (its read lanes beside the trainers, the split
+coordinator's scheduling loop, the object store, the raylet) is a second the trainers lose.
+A sampler thread reads every process's CPU time (psutil) every 0.25 s and charges each delta
+to the role its title names at that moment (Ray renames a pooled worker for each task or actor
+it runs). Runs alternate the two modes, as the ingest benchmark does. Reported: each role's CPU
+per 1,000 events learned in the steady part (first step to last checkpoint), and its CPU seconds
+over the whole run (start-up and teardown included), medians of the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+
+import psutil
+
+from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
+from load.bench.ingest import PARTITIONS, TOPIC, pipeline_rate
+from load.generator import run_load
+
+SAMPLE_S = 0.25
+# Ray's process titles ("ray::<actor or task>") and the rest of the machine, first match wins.
+ROLES = (
+    ("trainers (Ray Train workers)", ("ray::RayTrainWorker", "ray::_RayTrainWorker")),
+    ("Ray Data read lanes (read + decode)", ("ray::ReadKafkaWindows", "ray::Read", "ray::MapBatches")),
+    ("Ray Data split coordinator", ("ray::SplitCoordinator",)),
+    ("window feed", ("ray::WindowFeed",)),
+    ("Ray Train controller", ("ray::TrainController",)),
+    ("scale controller", ("ray::ScaleController",)),
+    ("raylet + object store", ("raylet",)),
+    ("GCS", ("gcs_server",)),
+    ("Kafka broker", ("kafka.Kafka", "java")),
+    ("Ray's own services (dashboard, agents, autoscaling)", ("dashboard", "agent", "log_monitor", "monitor.py",
+                                                              "runtime_env", "autoscalingcoordinator")),
+    ("idle Ray workers", ("ray::IDLE",)),
+)
+
+
+def role_of(title: str) -> str:
+    title = title.lower()
+    for role, marks in ROLES:
+        if any(mark.lower() in title for mark in marks):
+            return role
+    return "this driver" if title.startswith(f"pid {os.getpid()}") else "other"
+
+
+class CpuByRole:
+    """Charges every process's CPU time delta to its current role, every SAMPLE_S, until stopped."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (monotonic time, CPU s by role since the last)
+        self.other: dict[str, float] = {}  # what "other" was, by title: a role this table is missing
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuByRole:
+        self._sample(charge=False)
+        self.started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample(charge=True)
+        self.wall_s = time.monotonic() - self.started
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self._sample(charge=True)
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU seconds by role in the samples taken from t0 to t1 (monotonic)."""
+        out: dict[str, float] = {}
+        for t, by_role in self.samples:
+            if t0 < t <= t1:
+                for role, s in by_role.items():
+                    out[role] = out.get(role, 0.0) + s
+        return out
+
+    def _sample(self, charge: bool) -> None:
+        now, by_role = time.monotonic(), {}
+        for proc in psutil.process_iter(["pid", "cmdline", "name", "cpu_times"]):
+            info = proc.info
+            times = info["cpu_times"]
+            if times is None:
+                continue
+            used = times.user + times.system
+            before = self._last.get(info["pid"])
+            self._last[info["pid"]] = used
+            if not charge:
+                continue
+            delta = used - before if before is not None else used  # a process born during the run
+            if delta <= 0:
+                continue
+            me = f"pid {info['pid']} " if info["pid"] == os.getpid() else ""
+            title = me + " ".join(info["cmdline"] or [info["name"] or ""])
+            role = role_of(title)
+            self.seconds[role] = self.seconds.get(role, 0.0) + delta
+            by_role[role] = by_role.get(role, 0.0) + delta
+            if role == "other":
+                self.other[title[:100]] = self.other.get(title[:100], 0.0) + delta
+        if charge:
+            self.samples.append((now, by_role))
+
+
+def profiled_run(bootstrap: str, n: int, home, ingest: str) -> dict:
+    """One run, its CPU by role over the whole run and over its steady part alone (from the first
+    step to the last checkpoint: start-up and teardown are most of a 200k-event run's wall time)."""
+    with CpuByRole() as cpu:
+        run = pipeline_rate(bootstrap, n, 2, home, ingest=ingest)
+    steady_from = cpu.started + run["first_step_s"]
+    steady = cpu.between(steady_from, steady_from + run["steady_s"])
+    steady_events = run["steady_events_per_s"] * run["steady_s"]
+    startup = cpu.between(cpu.started, steady_from)
+    total = sum(cpu.seconds.values())
+    return {"ingest": ingest, "steady_events_per_s": run["steady_events_per_s"], "wall_s": cpu.wall_s,
+            "steady_s": run["steady_s"], "first_step_s": run["first_step_s"],
+            "cpu_s": total, "cores_busy": total / cpu.wall_s, "cpu_s_by_role": cpu.seconds,
+            "steady_cores_busy": sum(steady.values()) / run["steady_s"], "steady_cpu_s_by_role": steady,
+            "startup_cores_busy": sum(startup.values()) / run["first_step_s"], "startup_cpu_s_by_role": startup,
+            "steady_cpu_ms_per_1k_events_by_role": {role: 1e6 * s / steady_events for role, s in steady.items()},
+            "other_by_title": dict(sorted(cpu.other.items(), key=lambda kv: -kv[1])[:8])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    # More than the ingest benchmark's 200k: its steady part is ~3 s of a ~35 s run.
+    parser.add_argument("--events", type=int, default=600_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    import ray
+
+    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
+        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
+        start_bench_ray()
+        runs: dict[str, list[dict]] = {"direct": [], "ray-data": []}
+        for _ in range(args.runs):  # alternating: the machine's speed drifts within minutes
+            for ingest in runs:
+                runs[ingest].append(profiled_run(broker.bootstrap, args.events, home, ingest))
+        ray.shutdown()
+    report(args.events, runs)
+
+
+def report(n: int, runs: dict[str, list[dict]]) -> None:
+    roles = sorted({role for rs in runs.values() for r in rs for role in r["cpu_s_by_role"]})
+
+    def med(key: str, ingest: str, role: str) -> float:
+        return statistics.median(r[key].get(role, 0.0) for r in runs[ingest])
+
+    per_1k = {i: {role: med("steady_cpu_ms_per_1k_events_by_role", i, role) for role in roles} for i in runs}
+    whole = {i: {role: med("cpu_s_by_role", i, role) for role in roles} for i in runs}
+    rate = {i: statistics.median(r["steady_events_per_s"] for r in rs) for i, rs in runs.items()}
+    busy = {i: statistics.median(r["steady_cores_busy"] for r in rs) for i, rs in runs.items()}
+    busy_run = {i: statistics.median(r["cores_busy"] for r in rs) for i, rs in runs.items()}
+    busy_start = {i: statistics.median(r["startup_cores_busy"] for r in rs) for i, rs in runs.items()}
+    first_step = {i: statistics.median(r["first_step_s"] for r in rs) for i, rs in runs.items()}
+    figures = {"benchmark": "cpu_roles", "machine": machine_line(), "events": n, "workers": 2,
+               "steady_events_per_s": rate, "ratio_ray_data_vs_direct": rate["ray-data"] / rate["direct"],
+               "steady_cores_busy": busy, "run_cores_busy": busy_run, "startup_cores_busy": busy_start,
+               "first_step_s": first_step,
+               "steady_cpu_ms_per_1k_events_by_role": per_1k, "run_cpu_s_by_role": whole, "runs": runs}
+    write_json("cpu_roles", figures)
+    order = sorted(roles, key=lambda r: -(per_1k["ray-data"][r] + per_1k["direct"][r]))
+    rows = "\n".join(f"| {role} | {per_1k['direct'][role]:.1f} | {per_1k['ray-data'][role]:.1f} | "
+                     f"{whole['direct'][role]:.1f} | {whole['ray-data'][role]:.1f} |" for role in order)
+    total = {i: sum(per_1k[i].values()) for i in per_1k}
+    write_section("cpu_roles", "Where the two cores go: direct against Ray Data (2 workers)", "\n".join([
+        f"{n:,} fraud events, 2 workers, default settings; the two modes alternate, medians of "
+        f"{len(runs['direct'])} runs each. Every process's CPU time sampled every {SAMPLE_S} s (psutil) and "
+        f"charged to the role its title names; the steady part is from the first step to the last "
+        f"checkpoint. {machine_line()}",
+        "",
+        f"Learned (steady): direct {rate['direct']:,.0f} events/s, Ray Data {rate['ray-data']:,.0f} "
+        f"({rate['ray-data'] / rate['direct']:.2f}x). Cores busy in the steady part {busy['direct']:.2f} / "
+        f"{busy['ray-data']:.2f} of 2; from `train()` to the first step ({first_step['direct']:.1f} s / "
+        f"{first_step['ray-data']:.1f} s) {busy_start['direct']:.2f} / {busy_start['ray-data']:.2f}; over the "
+        f"whole run {busy_run['direct']:.2f} / {busy_run['ray-data']:.2f}.",
+        "",
+        "| role | direct, steady: CPU ms per 1,000 events | Ray Data, steady | direct, whole run: CPU s "
+        "| Ray Data, whole run |",
+        "|---|---:|---:|---:|---:|",
+        rows,
+        f"| **all** | **{total['direct']:.1f}** | **{total['ray-data']:.1f}** | "
+        f"**{sum(whole['direct'].values()):.1f}** | **{sum(whole['ray-data'].values()):.1f}** |",
+    ]))
+
+
+if __name__ == "__main__":
+    main()
