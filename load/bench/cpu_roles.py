@@ -57,7 +57,6 @@ class CpuByRole:
     """Charges every process's CPU time delta to its current role, every SAMPLE_S, until stopped."""
 
     def __init__(self):
-        self.seconds: dict[str, float] = {}
         self.samples: list[tuple[float, dict[str, float]]] = []  # (monotonic time, CPU s by role since the last)
         self.other: dict[str, float] = {}  # what "other" was, by title: a role this table is missing
         self._last: dict[int, float] = {}
@@ -79,6 +78,11 @@ class CpuByRole:
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):
             self._sample(charge=True)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds by role over the whole run."""
+        return self.between(float("-inf"), float("inf"))
 
     def between(self, t0: float, t1: float) -> dict[str, float]:
         """CPU seconds by role in the samples taken from t0 to t1 (monotonic)."""
@@ -107,7 +111,6 @@ class CpuByRole:
             me = f"pid {info['pid']} " if info["pid"] == os.getpid() else ""
             title = me + " ".join(info["cmdline"] or [info["name"] or ""])
             role = role_of(title)
-            self.seconds[role] = self.seconds.get(role, 0.0) + delta
             by_role[role] = by_role.get(role, 0.0) + delta
             if role == "other":
                 self.other[title[:100]] = self.other.get(title[:100], 0.0) + delta

@@ -154,9 +154,9 @@ class RayDataStream:
                 return mine
             if total > expected:
                 raise IngestError(f"window {window.seq}: {total} rows arrived for {expected} expected")
-            if lanes.lost_for(progress) > LOST_S:
+            if (lost_s := lanes.lost_for(progress)) > LOST_S:
                 raise IngestError(f"window {window.seq}: {total} of its {expected} rows arrived, and every read lane "
-                                  f"read past it {lanes.lost_for(progress):.0f} s ago: Ray Data lost its slices (the "
+                                  f"read past it {lost_s:.0f} s ago: Ray Data lost its slices (the "
                                   f"group restarts from its last checkpoint). {self._diagnosis()}")
             if not warned and time.monotonic() - progress > STALL_S / 2:
                 # Whichever rank reaches the limit first fails the group, and only rank 0 holds the

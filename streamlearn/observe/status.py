@@ -352,18 +352,18 @@ class Sources:
         return self._access
 
     def served(self) -> dict | None:
-        if self.run_dir is None:
-            return None
-        from streamlearn.observe.runfiles import read_last_jsonl
-
-        return read_last_jsonl(self.run_dir / "served.jsonl")
+        return self._newest("served")
 
     def failure(self) -> dict | None:
+        return self._newest("failures")
+
+    def _newest(self, name: str) -> dict | None:
+        """The newest row of <run dir>/<name>.jsonl (None without a run directory or a row)."""
         if self.run_dir is None:
             return None
         from streamlearn.observe.runfiles import read_last_jsonl
 
-        return read_last_jsonl(self.run_dir / "failures.jsonl")
+        return read_last_jsonl(self.run_dir / f"{name}.jsonl")
 
     def frame(self) -> Group:
         snapshot, controller_problem = self.controller()

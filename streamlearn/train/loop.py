@@ -166,7 +166,8 @@ def train_loop_per_worker(config: dict) -> None:
             coordinator.stopped()  # a resize's next group restores what this one just saved
         reporter.close()  # Ray's record of the last metrics, after the hand-over: not in its pause
     except StreamlearnError as e:  # a failure we diagnosed: why Ray Train restarts the group
-        _append_failure(cfg, rank, gen, lineage.version, e)
+        _append_row(cfg, "failures", {"t": time.time(), "rank": rank, "gen": gen, "version": lineage.version,
+                                      "error": type(e).__name__, "message": str(e)[:2000]})
         raise
     finally:
         if coordinator:
@@ -269,7 +270,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     version, totals = lineage.version, dict(vars(lineage.totals))
 
     def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
-        _append_history(cfg, {"version": version, "t": meta["written_at"], "workers": meta["workers"],
+        _append_row(cfg, "history", {"version": version, "t": meta["written_at"], "workers": meta["workers"],
                               **{k: totals[k] for k in ("learned", "dead_lettered", "steps")},
                               "train_loss": metrics["train_loss"], "phases_s": metrics["phases_s"],
                               **{k: metrics[k] for k in ("join", "drift") if k in metrics},
@@ -331,19 +332,11 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def _append_history(cfg: TrainConfig, row: dict) -> None:
-    """One line per checkpoint in <run dir>/history.jsonl: the curves `streamlearn report` draws."""
-    path = _run_dir(cfg) / "history.jsonl"
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def _append_failure(cfg: TrainConfig, rank: int, gen: int, version: int, error: StreamlearnError) -> None:
-    """One line per diagnosed group failure in <run dir>/failures.jsonl (`streamlearn status` shows
-    the newest): Ray Train restarts the group, and its own record of why is a worker's log."""
-    row = {"t": time.time(), "rank": rank, "gen": gen, "version": version, "error": type(error).__name__,
-           "message": str(error)[:2000]}
-    with open(_run_dir(cfg) / "failures.jsonl", "a") as f:
+def _append_row(cfg: TrainConfig, name: str, row: dict) -> None:
+    """One JSON line in <run dir>/<name>.jsonl: history (one per checkpoint, the curves `streamlearn
+    report` draws) and failures (one per group failure a worker diagnosed; `streamlearn status`
+    shows the newest: Ray Train restarts the group, and its own record of why is a worker's log)."""
+    with open(_run_dir(cfg) / f"{name}.jsonl", "a") as f:
         f.write(json.dumps(row, default=str) + "\n")
 
 
