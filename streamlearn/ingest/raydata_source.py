@@ -37,6 +37,8 @@ import zlib
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.util.placement_group import PlacementGroup, get_placement_group, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from streamlearn import heap
 from streamlearn.config import KafkaSettings
@@ -286,8 +288,32 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 
+def reserve_lanes(name: str, lanes: int) -> PlacementGroup:
+    """The lanes' CPUs, reserved for the group's life in a placement group of their own, which
+    the Dataset is then scheduled into (`build`).
+
+    Without it, Ray Data sizes a Dataset's budget from what Ray's AutoscalingCoordinator
+    reserved for it, and a group that died (a killed rank 0, a stopped job) leaves its Train and
+    Data requests there for up to 180 s. The CPU left over is shared among Data requests in
+    whole CPUs, so on a cluster of fractional CPUs the new Dataset's budget came out 0 and Ray
+    Data started one lane only (its liveness minimum): the ranks waited 57 s for the other
+    lane's slices (`test_faults` resubmit after the direct case, 2026-11-26). With a placement
+    group strategy Ray Data takes its budget from the group's bundles (its
+    PlacementGroupClusterAutoscaler), which Ray's scheduler really holds for the lanes.
+
+    Named per group generation: a placement group outlives the actor that made it (only its
+    job's end removes it), so the group Ray Train restarts after rank 0 dies removes its
+    predecessor's here; rank 0 removes its own at close. Not waited for: the lanes' tasks wait
+    for their bundles, as they waited for room before (the autoscaler sees the group's demand)."""
+    try:
+        remove_placement_group(get_placement_group(name))
+    except ValueError:
+        pass  # none left behind
+    return placement_group([{"CPU": LANE_CPUS}] * lanes, name=name)
+
+
 def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline, feed, lanes: int,
-          name: str) -> ray.data.Dataset:
+          name: str, room: PlacementGroup) -> ray.data.Dataset:
     """The Dataset of decoded window slices. Built on rank 0 once per group; runs from the first pull.
 
     Read and decode are one task per lane: a task-pool `map_batches` with the read's size and
@@ -298,6 +324,9 @@ def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline
     ctx = ray.data.DataContext.get_current()
     ctx.target_max_block_size = 1  # one row (a whole window slice) per block: see the module docstring
     ctx.enable_progress_bars = False  # worker logs are not a terminal; the dashboard's Data view shows progress
+    # Both strategies: Ray Data sizes its budget from the placement group only when both are one
+    # (deprecated in Ray Data after 2.60, which is pinned; see `reserve_lanes`).
+    ctx.scheduling_strategy = ctx.scheduling_strategy_large_args = PlacementGroupSchedulingStrategy(room)
     joined = pipeline.labels is not None  # the lanes decode and join both topics themselves
     source = KafkaWindows(settings, topic, group_id, feed, lanes, pipeline=pipeline if joined else None)
     lane = {"num_cpus": LANE_CPUS, "compute": ray.data.TaskPoolStrategy(size=lanes)}  # the same both: fused

@@ -29,6 +29,7 @@ import numpy as np
 import ray
 import torch
 import torch.distributed as dist
+from ray.util.placement_group import remove_placement_group
 
 from streamlearn import faults
 from streamlearn.config import KafkaSettings
@@ -70,9 +71,10 @@ class RayDataStream:
     lookahead = LOOKAHEAD
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
-                 rank: int, world: int, phases: Phases | None = None):
+                 rank: int, world: int, phases: Phases | None = None, gen: int = 0):
         self.settings, self.topic, self.dlq_topic, self.group_id = settings, topic, dlq_topic, group_id
         self.pipeline, self.rank, self.world = pipeline, rank, world
+        self.gen = gen  # the run's group number: a warm resize runs two groups' Datasets at once
         self.phases = phases or Phases(rank)
         # Rank 0 plans, commits and scans the dead-letter topic; the other ranks only receive.
         self.reader = RangeReader(settings, topic, group_id) if rank == 0 else None
@@ -86,6 +88,7 @@ class RayDataStream:
         self._stash: dict[int, list[dict]] = {}
         self._ended = False
         self._feed = None
+        self._room = None  # rank 0: the lanes' placement group
         self.stats = {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
         self.dataset_name = f"streamlearn-{group_id}"
         self._open()
@@ -97,8 +100,9 @@ class RayDataStream:
         iterators = None
         if self.rank == 0:
             self._feed = source.WindowFeed.remote()
+            self._room = source.reserve_lanes(f"{self.dataset_name}-lanes-g{self.gen}", LANES)
             ds = source.build(self.settings, self.topic, self.group_id, self.pipeline,
-                              self._feed, LANES, self.dataset_name)
+                              self._feed, LANES, self.dataset_name, self._room)
             iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
         iterator = broadcast(iterators, self.rank)[self.rank]
         threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
@@ -266,6 +270,8 @@ class RayDataStream:
     def close(self) -> None:
         if self._feed is not None:
             ray.kill(self._feed)  # the lanes' next ask fails and the Dataset ends with the group
+        if self._room is not None:
+            remove_placement_group(self._room)  # ends what is left of the lanes
         self.dead_letters.close()
         for reader in (self.reader, self.label_reader):
             if reader is not None:

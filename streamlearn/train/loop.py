@@ -9,6 +9,7 @@ group only after `ray.train.report` has persisted the checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -65,7 +66,7 @@ def train_loop_per_worker(config: dict) -> None:
     # All that is slow to start comes before a warm group's wait: Kafka clients, the model
     # wrapped for DDP (its first use imports much of torch.distributed), the optimizer (torch.optim's
     # first optimizer imports torch._dynamo: 3-4.5 s of one core here, measured).
-    stream = _stream_class(cfg)(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
+    stream = _stream_class(cfg, gen)(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
     startup.mark("kafka_clients")
     model = ray.train.torch.prepare_model(pipeline.build_model())
     optimizer = pipeline.make_optimizer(model.parameters())
@@ -320,11 +321,11 @@ def _drift_alarm(pipeline: Pipeline, alarm: Alarm) -> None:
     log("drift_detected", pipeline=pipeline.name, rank=0, **alarm.as_dict())
 
 
-def _stream_class(cfg: TrainConfig):
+def _stream_class(cfg: TrainConfig, gen: int):
     if cfg.ingest == "ray-data":
         from streamlearn.ingest.raydata_stream import RayDataStream  # Ray Data's import is seconds: only when used
 
-        return RayDataStream
+        return functools.partial(RayDataStream, gen=gen)
     return WorkerStream
 
 
