@@ -23,9 +23,8 @@ import time
 
 import psutil
 
-from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
-from load.bench.ingest import PARTITIONS, TOPIC, pipeline_rate
-from load.generator import run_load
+from load.bench.common import machine_line, write_json, write_section
+from load.bench.ingest import alternating_rounds, pipeline_rate
 
 SAMPLE_S = 0.25
 # Ray's process titles ("ray::<actor or task>") and the rest of the machine, first match wins.
@@ -143,16 +142,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    import ray
-
-    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
-        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
-        start_bench_ray()
-        runs: dict[str, list[dict]] = {"direct": [], "ray-data": []}
-        for _ in range(args.runs):  # alternating: the machine's speed drifts within minutes
-            for ingest in runs:
-                runs[ingest].append(profiled_run(broker.bootstrap, args.events, home, ingest))
-        ray.shutdown()
+    runs = alternating_rounds(args.events, args.runs, ["direct", "ray-data"], profiled_run)
     report(args.events, runs)
 
 

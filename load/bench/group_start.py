@@ -24,9 +24,8 @@ import time
 
 import psutil
 
-from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
-from load.bench.ingest import PARTITIONS, TOPIC, pipeline_rate
-from load.generator import run_load
+from load.bench.common import machine_line, write_json, write_section
+from load.bench.ingest import alternating_rounds, pipeline_rate
 
 SAMPLE_S = 0.2
 CORES = os.cpu_count() or 2
@@ -165,16 +164,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)  # the start is measured, not the steady rate
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    import ray
-
-    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
-        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
-        start_bench_ray()
-        runs: dict[int, list[dict]] = {1: [], 2: []}
-        for _ in range(args.runs):  # alternating: the machine's speed drifts within minutes
-            for workers in runs:
-                runs[workers].append(profiled_start(broker.bootstrap, args.events, home, workers))
-        ray.shutdown()
+    runs = alternating_rounds(args.events, args.runs, [1, 2], profiled_start)
     report(args.events, runs)
 
 

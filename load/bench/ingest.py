@@ -100,6 +100,23 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
             "learned": summary["events_learned"], "checkpoints": len(rows), "rank0_phases_s": phases}
 
 
+def alternating_rounds(events: int, rounds: int, contenders: list, run_one) -> dict:
+    """The fraud topic produced once, then `run_one(bootstrap, events, home, contender)` for every
+    contender once per round, round after round (this machine's speed drifts within minutes: a
+    contender's runs in a block would turn that drift into ratios). Runs by contender."""
+    import ray
+
+    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
+        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=events, seed=11)
+        start_bench_ray()
+        runs: dict = {contender: [] for contender in contenders}
+        for _ in range(rounds):
+            for contender in contenders:
+                runs[contender].append(run_one(broker.bootstrap, events, home, contender))
+        ray.shutdown()
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=200_000)
