@@ -36,6 +36,8 @@ POINTS = {
     # Not a kill: the one place a fault drops data instead, as Ray Data twice lost a slice
     # between a read lane and the ranks (DECISIONS §1). The rank throws the slice away unseen.
     "ray_data_slice_lost": "a rank's Ray Data pump, a window slice received: dropped, never held",
+    # Not a kill either: a rank that falls behind its peers (a slow consumer, a large slice).
+    "ray_data_rank_behind": "a rank's Ray Data pump, from the n-th slice on: each held back before it is queued",
 }
 _SPEC = re.compile(r"^(?P<point>[a-z_]+)(@rank(?P<rank>\d+))?(#(?P<nth>\d+))?$")
 
@@ -84,6 +86,12 @@ def drops(name: str) -> bool:
     return _fires(name)
 
 
+def delays(name: str) -> bool:
+    """A place where an armed fault slows what passes (True: hold it back), from the n-th
+    passage on in the process that fired it: a rank that falls behind stays behind."""
+    return _fires(name) or any(fault["point"] == name and fault.get("fired_here") for fault in _armed)
+
+
 def _fires(name: str) -> bool:
     if not _armed:
         return False
@@ -99,5 +107,6 @@ def _fires(name: str) -> bool:
                     mark.write(f"{name} pid {os.getpid()}")
             except FileExistsError:  # another process fired it first: once per lineage
                 continue
+            fault["fired_here"] = True
             return True
     return False

@@ -61,6 +61,7 @@ STALL_S = 120.0
 LOST_S = 30.0
 LOST_CHECK_S = 5.0  # rank 0 asks the feed where the lanes are at most this often, only while waiting
 _END = object()
+BEHIND_S = 0.5  # what the aimed fault `ray_data_rank_behind` holds each slice back on its rank
 
 
 class RayDataStream:
@@ -124,7 +125,9 @@ class RayDataStream:
             # No prefetch window: with one, Ray Data holds a block back until the window fills, and
             # a rank that gets one slice of the last window fed would wait for a slice never coming.
             for table in iterator.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
-                if not faults.drops("ray_data_slice_lost"):  # only where a test aimed it
+                if faults.delays("ray_data_rank_behind"):  # only where a test aimed it
+                    time.sleep(BEHIND_S)
+                if not faults.drops("ray_data_slice_lost"):
                     self._queue.put(table)
         except BaseException as e:  # handed to the training thread, which raises it
             self._queue.put(e)
@@ -153,11 +156,17 @@ class RayDataStream:
         progress, warned = time.monotonic(), False
         lanes = _LanesPast(self, window.seq)
         while True:
-            total = _sum_across_ranks(held) if self.world > 1 else held
+            # With the count, how many ranks' streams have ended: one rank's end says only that
+            # no more comes to it. Another rank may still have its last slices on the way (a
+            # checkpoint window's slices carry the lanes' join state, 100+ MB at 1M pending).
+            total, ended = _sum_across_ranks(held, int(self._ended)) if self.world > 1 else (held, int(self._ended))
             if total == expected:
                 return mine
             if total > expected:
                 raise IngestError(f"window {window.seq}: {total} rows arrived for {expected} expected")
+            if ended == self.world:
+                raise IngestError(f"window {window.seq}: the Ray Data stream ended on every rank with {total} of "
+                                  f"its {expected} rows delivered. {self._diagnosis()}")
             if (lost_s := lanes.lost_for(progress)) > LOST_S:
                 raise IngestError(f"window {window.seq}: {total} of its {expected} rows arrived, and every read lane "
                                   f"read past it {lost_s:.0f} s ago: Ray Data lost its slices (the "
@@ -207,8 +216,9 @@ class RayDataStream:
         return f"Feed: {self.feed_state() or 'unavailable'}; stash: {sorted(self._stash)}; available: {free}"
 
     def _take(self, timeout: float) -> list[dict]:
-        if self._ended:
-            raise IngestError("the Ray Data stream ended before the run's last window")
+        if self._ended:  # nothing more comes here; the others may still be receiving theirs
+            time.sleep(timeout)
+            return []
         try:
             items = [self._queue.get(timeout=timeout)]
         except queue.Empty:
@@ -317,7 +327,7 @@ def _dead(row: dict, prefix: str) -> list[tuple[Message, str]]:
     return [(Message(p, o, value), reason) for p, o, reason, value in zip(*columns, strict=True)]
 
 
-def _sum_across_ranks(n: int) -> int:
-    value = torch.tensor([n], dtype=torch.int64)
+def _sum_across_ranks(*counts: int) -> tuple[int, ...]:
+    value = torch.tensor(counts, dtype=torch.int64)
     dist.all_reduce(value)
-    return int(value.item())
+    return tuple(int(v) for v in value.tolist())

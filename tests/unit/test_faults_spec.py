@@ -66,3 +66,13 @@ def test_a_drop_point_drops_its_nth_pass_once_and_leaves_its_mark(tmp_path):
     faults.arm("ray_data_slice_lost@rank1#3", 1, tmp_path)  # the restarted group: fired in this lineage
     assert not any(faults.drops("ray_data_slice_lost") for _ in range(6))
     faults.arm("", 1, tmp_path)
+
+
+def test_a_delay_point_holds_back_from_its_nth_pass_on_in_the_process_that_fired_it(tmp_path):
+    faults.arm("ray_data_rank_behind@rank0#2", 0, tmp_path)
+    assert [faults.delays("ray_data_rank_behind") for _ in range(5)] == [False, True, True, True, True]
+    faults.arm("ray_data_rank_behind@rank0#2", 0, tmp_path)  # the restarted group: fired in this lineage
+    assert not any(faults.delays("ray_data_rank_behind") for _ in range(5))
+    faults.arm("ray_data_rank_behind@rank0#2", 1, tmp_path / "other")  # aimed at rank 0, not this one
+    assert not any(faults.delays("ray_data_rank_behind") for _ in range(5))
+    faults.arm("", 0, tmp_path)
