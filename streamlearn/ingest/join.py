@@ -10,7 +10,10 @@ at 1M pending, load/bench/join.py), behind a sorted index of 64-bit keys:
   counted per side and returned, never silent: an event expired is "never labelled", a label
   expired is "a label for no known event" and goes to the dead-letter topic with that reason;
 - `snapshot()` is every array of the state and `JoinState.restore` rebuilds it, so a checkpoint
-  can carry the state beside the offsets of both topics (exactly-once across two topics).
+  can carry the state beside the offsets of both topics (exactly-once across two topics);
+  `delta()` is what changed since a checkpoint wrote it: rows carry an arrival number (`seq`,
+  never reused in a partition's side), so a checkpoint writes the rows that arrived since the
+  last one and, for the rest, which arrival numbers still wait (train/join_files.py).
 
 Keys are 64-bit hashes of the event id's UTF-8 bytes, computed over a whole batch at once in
 numpy (blake2b per id cost 6 µs an event, more than half the training loop's budget):
@@ -77,7 +80,8 @@ class Side:
     """One side of the join: rows in arrival order, a FIFO for expiry, a sorted index for lookups."""
 
     def __init__(self, columns: dict[str, tuple[np.dtype, tuple[int, ...]]], ttl_s: float, max_pending: int):
-        spec = {"key": (np.dtype(np.uint64), ()), "t": (np.dtype(np.float64), ()), **columns}
+        spec = {"key": (np.dtype(np.uint64), ()), "t": (np.dtype(np.float64), ()), "seq": (np.dtype(np.int64), ()),
+                **columns}
         self.ttl_s, self.max_pending = ttl_s, max_pending
         self.cols = {name: np.empty((0, *shape), dtype) for name, (dtype, shape) in spec.items()}
         self.alive = np.empty(0, dtype=bool)
@@ -85,13 +89,14 @@ class Side:
         self.n = 0  # rows used (alive or not) from base
         self.head = 0  # rows before base + head are all gone
         self.pending = 0
+        self.next_seq = 0  # arrival number of the next row taken
         self._big = (np.empty(0, np.uint64), np.empty(0, np.int64))  # sorted keys, their global rows
         self._small = (np.empty(0, np.uint64), np.empty(0, np.int64))
 
     # -- writes --
     def add(self, rows: dict[str, np.ndarray]) -> np.ndarray:
-        """Append rows (columns by name, `key` and `t` included); returns the mask of rows taken
-        (False: the key is already pending here, a duplicate)."""
+        """Append rows (columns by name, `key` and `t` included; `seq` given only by a restore);
+        returns the mask of rows taken (False: the key is already pending here, a duplicate)."""
         keys = rows["key"]
         _, hit = self.find(keys)
         taken = ~hit
@@ -103,8 +108,12 @@ class Side:
         count = int(taken.sum())
         self._reserve(count)
         lo = self.n
+        if "seq" not in rows:
+            rows = {**rows, "seq": np.arange(self.next_seq, self.next_seq + len(keys), dtype=np.int64)}
         for name, col in self.cols.items():
             col[lo:lo + count] = rows[name][taken]
+        if count:
+            self.next_seq = max(self.next_seq, int(self.cols["seq"][lo + count - 1]) + 1)
         self.alive[lo:lo + count] = True
         self.n += count
         self.pending += count
@@ -163,6 +172,20 @@ class Side:
         """The pending rows, oldest first."""
         keep = np.flatnonzero(self.alive[self.head:self.n]) + self.head
         return {name: col[keep].copy() for name, col in self.cols.items()}
+
+    def delta(self, written: int) -> dict[str, np.ndarray]:
+        """What a checkpoint needs when every row that arrived before `written` is on disk
+        already: the pending rows that arrived since (`new.<column>`), and which arrival numbers
+        wait (`alive`: bits over `range` = [oldest pending, next], packed), with `written` and the
+        pending count. Rows that came and went between two checkpoints are never written."""
+        keep = np.flatnonzero(self.alive[self.head:self.n]) + self.head
+        seqs = self.cols["seq"][keep]
+        lo = int(seqs[0]) if len(seqs) else self.next_seq
+        bits = np.zeros(self.next_seq - lo, dtype=bool)
+        bits[seqs - lo] = True
+        new = keep[np.searchsorted(seqs, written):]
+        return {"range": np.array([lo, self.next_seq, written, len(keep)], np.int64), "alive": np.packbits(bits),
+                **{f"new.{name}": col[new].copy() for name, col in self.cols.items()}}
 
     # -- internals --
     def _drop(self, end: int, reason: str) -> Expired:
@@ -369,14 +392,23 @@ class JoinState:
     def snapshot(self) -> dict[str, np.ndarray]:
         """Every pending row of both sides as flat arrays (what a checkpoint stores)."""
         return {f"{side}.{name}": array for side in ("events", "labels")
-                for name, array in getattr(self, side).snapshot().items()}
+                for name, array in {**getattr(self, side).snapshot(),
+                                    "next": np.array(getattr(self, side).next_seq, np.int64)}.items()}
 
     @classmethod
     def restore(cls, snapshot: dict[str, np.ndarray], n_features: int, ttl_s: float, max_pending: int) -> JoinState:
         state = cls(n_features, ttl_s, max_pending)
         for side in ("events", "labels"):
             rows = {name.split(".", 1)[1]: a for name, a in snapshot.items() if name.startswith(side + ".")}
+            next_seq = rows.pop("next", None)
             if len(rows.get("key", ())):
                 getattr(state, side).add(rows)
                 state._last_t[side] = float(rows["t"][-1])
+            if next_seq is not None:  # arrival numbers go on from where the checkpoint's left off
+                getattr(state, side).next_seq = max(getattr(state, side).next_seq, int(next_seq))
         return state
+
+    def delta(self, written: dict[str, int]) -> dict[str, np.ndarray]:
+        """Both sides' `Side.delta`, as flat arrays `<side>.<name>`."""
+        return {f"{side}.{name}": array for side in ("events", "labels")
+                for name, array in getattr(self, side).delta(written.get(side, 0)).items()}

@@ -76,6 +76,7 @@ class LabelJoin:
         self.cap = max(1, spec.max_pending // max(1, partitions_total))  # per side, per partition
         self.states: dict[int, JoinState] = {}
         self.clocks: dict[int, np.ndarray] = {}  # partition -> [newest event time, newest label time]
+        self.written: dict[int, dict[str, int]] = {}  # partition -> side -> arrivals before it are on disk
         self._late_reason = LABEL_WITHOUT_EVENT.format(ttl=spec.ttl_s)
 
     def window(self, events: dict[int, Events], labels: dict[int, Labels]) -> Outcome:
@@ -126,16 +127,32 @@ class LabelJoin:
             out.update({f"p{p}/{name}": array for name, array in state.snapshot().items()})
         return out
 
+    def delta(self) -> dict[str, np.ndarray]:
+        """What a checkpoint writes of every partition (`JoinState.delta`, named `p<partition>/...`,
+        with its clock), given that the checkpoints before it hold every row that arrived before
+        the last delta: each row is written once, by the first checkpoint it waits at."""
+        out = {}
+        for p, state in self.states.items():
+            written = self.written.setdefault(p, {})
+            out[f"p{p}/clock"] = self.clocks[p].copy()
+            out.update({f"p{p}/{name}": array for name, array in state.delta(written).items()})
+            written.update(events=state.events.next_seq, labels=state.labels.next_seq)
+        return out
+
     def restore(self, arrays: dict[str, np.ndarray], mine) -> None:
-        """Take the states of the partitions `mine(p)` says this rank joins from a checkpoint's arrays."""
+        """Take the states of the partitions `mine(p)` says this rank joins from a checkpoint's
+        arrays (`snapshot`'s, or the ones `train/join_files.load` rebuilds, which say what the
+        checkpoint's files hold already: `<side>.written`)."""
         by_partition: dict[int, dict[str, np.ndarray]] = {}
         for name, array in arrays.items():
             head, rest = name.split("/", 1)
             by_partition.setdefault(int(head[1:]), {})[rest] = array
         for p, rows in by_partition.items():
             if mine(p):
+                written = {side: int(rows.pop(f"{side}.written", 0)) for side in ("events", "labels")}
                 self.states[p] = JoinState.restore(rows, self.n_features, self.spec.ttl_s, self.cap)
                 self.clocks[p] = rows["clock"].astype(np.float64)
+                self.written[p] = written
 
 
 def _events_expired(state: JoinState) -> int:

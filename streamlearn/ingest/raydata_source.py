@@ -252,9 +252,9 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     window, the lane's join state (an .npz; empty bytes between checkpoints)."""
     x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
     join = b""
-    if batch.join_snapshot is not None:
+    if batch.join_delta is not None:
         buffer = io.BytesIO()
-        np.savez(buffer, **batch.join_snapshot)
+        np.savez(buffer, **batch.join_delta)
         join = buffer.getvalue()
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,

@@ -257,7 +257,7 @@ class RayDataStream:
         # Copies: frombuffer views are read-only, and torch wants writable arrays.
         return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad,
                      bad_labels=bad_labels, expired=expired,
-                     join_snapshot=(join or {}) if window.checkpoint and self.label_topic is not None else None)
+                     join_delta=(join or {}) if window.checkpoint and self.label_topic is not None else None)
 
     def ingest_stats(self) -> dict:
         """Since the last checkpoint, for its metrics and `streamlearn status`: the Ray Data stage's

@@ -42,11 +42,12 @@ class Batch:
     read_s: float = 0.0
     # With joined labels (labelled.py): the rows are the events whose labels came in this
     # window, whenever the events did; labels to dead-letter; events that left unlabelled;
-    # at a checkpoint window, the join state right after this window (the read of the next one
-    # may already be under way when the checkpoint is taken).
+    # at a checkpoint window, what the checkpoint writes of the join state right after this
+    # window (`LabelJoin.delta`: the read of the next one may already be under way when the
+    # checkpoint is taken).
     bad_labels: list[tuple[Message, str]] = field(default_factory=list)
     expired: int = 0
-    join_snapshot: dict[str, np.ndarray] | None = None
+    join_delta: dict[str, np.ndarray] | None = None
 
     @property
     def size(self) -> int:
@@ -178,7 +179,7 @@ def join_window(pipeline: Pipeline, join: LabelJoin, window: Window, events: Dec
     crcs = np.concatenate([np.empty(0, np.uint32), *out.crcs])
     return Batch(window, features, targets, crcs, events.dead + out.dead_events,
                  bad_labels=bad_labels + out.dead_labels, expired=out.expired,
-                 join_snapshot=join.snapshot() if window.checkpoint else None)
+                 join_delta=join.delta() if window.checkpoint else None)
 
 
 class Deferred:

@@ -111,7 +111,7 @@ def pin_version(checkpoint_dir: str | Path, run_name: str, version: int) -> Path
     if version not in found:
         raise CheckpointError(f"no checkpoint version {version} under {run_dir}; "
                               f"available: {sorted(found)[-10:] or 'none'}")
-    checkpoint.verify(found[version])
+    checkpoint.verify(found[version], checkpoint.MODEL)
     tmp = run_dir / (PIN_FILE + ".tmp")
     tmp.write_text(f"{version}\n")
     os.replace(tmp, run_dir / PIN_FILE)  # replicas never read a half-written pin
@@ -451,7 +451,7 @@ class ModelStore:
         approved version's metric); a follower or a pin checks integrity and weights only."""
         started = time.perf_counter()
         try:
-            checkpoint.verify(path)
+            checkpoint.verify(path, checkpoint.MODEL)  # the join state is the trainer's
             meta = checkpoint.read_meta(path)
         except CheckpointError as e:
             raise _Rejected("integrity", str(e)) from None

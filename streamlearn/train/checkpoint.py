@@ -3,13 +3,13 @@
 Layout of one checkpoint directory:
     model.pt     torch state of the model (unwrapped from DDP) and the optimizer
     meta.json    pipeline, version, offsets, counters, metrics (see `write`)
-    join.npz     with joined labels only: the join state (events and labels waiting), as arrays
+    join.npz     with joined labels only: the join state's clocks and which rows wait, and
+    join-*.npz   the waiting rows, in segments written once and hard-linked on (join_files.py)
     SHA256SUMS   sha256 of the files above; written last, so its presence means complete
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,44 +21,42 @@ import numpy as np
 
 from streamlearn import faults
 from streamlearn.errors import CheckpointError
+from streamlearn.train import join_files
+from streamlearn.train.join_files import ARRAYS, JoinFiles, sha256
 
 SUMS = "SHA256SUMS"
 FILES = ("model.pt", "meta.json")  # in every checkpoint
-ARRAYS = "join.npz"  # in those with arrays (the join state of joined labels)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+MODEL = FILES  # what the scorer reads, and all it needs verified
+META = ("meta.json",)  # what the controller, the demo and status read
 
 
 def write(directory: str | Path, model_state: dict, optimizer_state: dict | None, meta: dict[str, Any],
-          arrays: dict[str, np.ndarray] | None = None) -> Path:
+          join: tuple[JoinFiles, dict[str, np.ndarray]] | None = None) -> Path:
+    """`join`: with joined labels, the writer's `JoinFiles` and the ranks' join deltas."""
     import torch  # here, not at the top: see load()
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model_state, "optimizer": optimizer_state}, directory / "model.pt")
+    known = {}
+    if join is not None:  # beside the model, not in it: the scorer loads model.pt on every swap
+        listing, known = join[0].write(directory, join[1])
+        meta = {**meta, "join": {**meta.get("join", {}), "segments": listing}}
     (directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-    if arrays is not None:  # beside the model, not in it: the scorer loads model.pt on every swap
-        np.savez(directory / ARRAYS, **arrays)
     faults.point("mid_checkpoint_write")
-    sums = "".join(f"{_sha256(directory / name)}  {name}\n" for name in _files(directory))
+    sums = "".join(f"{known.get(name) or sha256(directory / name)}  {name}\n" for name in _files(directory))
     tmp = directory / (SUMS + ".tmp")
     tmp.write_text(sums)
     os.replace(tmp, directory / SUMS)
     return directory
 
 
-def _files(directory: Path) -> tuple[str, ...]:
-    return (*FILES, ARRAYS) if (directory / ARRAYS).exists() else FILES
+def _files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name not in (SUMS, SUMS + ".tmp"))
 
 
 def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_state: dict | None,
-            meta: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> Path:
+            meta: dict[str, Any], join: tuple[JoinFiles, dict[str, np.ndarray]] | None = None) -> Path:
     """Write checkpoint `version` into the run directory, whole or not at all, and durably.
 
     Written beside its final name and renamed into place (atomic on one filesystem), then the
@@ -71,11 +69,13 @@ def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_stat
                               f"writing this lineage?")
     staging = run_dir / f".staging-{version:09d}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    write(staging, model_state, optimizer_state, meta, arrays)
+    write(staging, model_state, optimizer_state, meta, join)
     for name in (*_files(staging), SUMS):
-        _fsync(staging / name)
+        _fsync(staging / name)  # a linked segment is durable already: its fsync finds nothing to write
     os.rename(staging, final)
     _fsync(run_dir)
+    if join is not None:
+        join[0].published(final)
     return final
 
 
@@ -102,23 +102,26 @@ def restore_point(run_dir: str | Path) -> Path | None:
     return path
 
 
-def verify(directory: str | Path) -> None:
-    """Raise CheckpointError unless every file matches the checksum written with it."""
+def verify(directory: str | Path, only: tuple[str, ...] | None = None) -> set[str]:
+    """Raise CheckpointError unless every file matches the checksum written with it, or, with
+    `only`, the files a reader reads (the join state's hundreds of MB at its cap are the
+    trainer's: a scorer hashing them at every swap spent a core on them); -> the files covered."""
     directory = Path(directory)
     try:
         lines = (directory / SUMS).read_text().splitlines()
     except OSError:
         raise CheckpointError(f"{directory}: no {SUMS} (incomplete or not a streamlearn checkpoint)") from None
     expected = dict(reversed(line.split("  ", 1)) for line in lines if line)
-    for name in sorted({*FILES, *expected}):
+    for name in sorted({*FILES, *expected} if only is None else only):
         if name not in expected:
             raise CheckpointError(f"{directory}: {SUMS} does not cover {name}")
         try:
-            actual = _sha256(directory / name)
+            actual = sha256(directory / name)
         except OSError:
             raise CheckpointError(f"{directory}: {name} is missing") from None
         if actual != expected[name]:
             raise CheckpointError(f"{directory}: {name} fails its checksum (corrupt or tampered)")
+    return set(expected)
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:
@@ -150,7 +153,10 @@ def load_arrays(directory: str | Path) -> dict[str, np.ndarray]:
     path = Path(directory) / ARRAYS
     if not path.exists():
         return {}
-    try:
+    segments = read_meta(directory).get("join", {}).get("segments")
+    if segments is not None:
+        return join_files.load(Path(directory), segments, verify(directory, only=()))
+    try:  # a checkpoint written whole, before the join state went into segments
         with np.load(path, allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}
     except (OSError, ValueError) as e:
@@ -169,11 +175,12 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def newest(run_dir: str | Path) -> Path | None:
-    """The newest checkpoint that passes its integrity check, or None."""
+def newest(run_dir: str | Path, only: tuple[str, ...] | None = META) -> Path | None:
+    """The newest checkpoint whose files `only` (by default the metadata, what most callers
+    read) pass their integrity check, or None."""
     for _version, path in reversed(list_checkpoints(run_dir)):
         try:
-            verify(path)
+            verify(path, only)
             return path
         except CheckpointError:
             continue

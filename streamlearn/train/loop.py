@@ -92,7 +92,8 @@ def train_loop_per_worker(config: dict) -> None:
     bind(version=lineage.version)
     coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller"),
                                config.get("consumed_at_start", 0)) if rank == 0 else None
-    writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit) if rank == 0 else None
+    writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit,
+                              resumed_from=restored[4] if restored else None) if rank == 0 else None
     reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
     drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
     recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm))
@@ -157,7 +158,7 @@ def train_loop_per_worker(config: dict) -> None:
                 with phases("checkpoint"):
                     extra = {"startup_s": startup.take(), "window_overhead_ms": round(float(np.median(overhead_ms)), 3)}
                     save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, writer, reporter,
-                         phases, {k: v for k, v in extra.items() if v is not None}, batch.join_snapshot)
+                         phases, {k: v for k, v in extra.items() if v is not None}, batch.join_delta)
                 delta, loss_sum, overhead_ms = Counters(), 0.0, []
             if window.stop:
                 break
@@ -231,9 +232,9 @@ def _steps(model, optimizer, pipeline, features, targets, crcs, chunks, totals, 
 def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
          loss_sum: float, recent: Watch, stream: Stream, writer: CheckpointWriter | None,
          reporter: Reporter, phases: Phases, extra: dict | None = None,
-         join_snapshot: dict[str, np.ndarray] | None = None) -> None:
+         join_delta: dict[str, np.ndarray] | None = None) -> None:
     """All ranks: flush dead letters, sum counters, gather metric windows (and with joined labels
-    each rank's join state). Rank 0 snapshots the model and hands it to the writer, which
+    what changed in each rank's join state). Rank 0 snapshots the model and hands it to the writer, which
     publishes, commits offsets and prunes behind training."""
     faults.point("before_dead_letter_flush")
     with phases("checkpoint.flush_dead_letters"):
@@ -241,7 +242,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     with phases("checkpoint.sum_counters"):
         summed = _sum_counters(delta, loss_sum)
         windows = _gather(recent.arrays())
-    join_state = _gather_to_rank0(join_snapshot) if pipeline.labels else None
+    join_state = _gather_to_rank0(join_delta) if pipeline.labels else None
     lineage.totals.add(summed[0])
     lineage.version += 1
     bind(version=lineage.version)
@@ -261,11 +262,11 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
         lineage.dlq_positions = stream.dlq_positions()
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
             "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
-    arrays = None
+    join = None
     if join_state is not None:
-        arrays = {name: a for part in join_state for name, a in (part or {}).items()}
+        join = {name: a for part in join_state for name, a in (part or {}).items()}
         meta["join"] = {"ttl_s": pipeline.labels.ttl_s, "max_pending": pipeline.labels.max_pending,
-                        "pending": {side: sum(len(a) for name, a in arrays.items() if name.endswith(f"/{side}.key"))
+                        "pending": {side: sum(int(a[3]) for name, a in join.items() if name.endswith(f"/{side}.range"))
                                     for side in ("events", "labels")}}
         metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
     version, totals = lineage.version, dict(vars(lineage.totals))
@@ -285,7 +286,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     # Our store, not Ray Train's (DECISIONS §17): Ray gets the metrics only.
     with phases("checkpoint.snapshot"):
         writer.submit(version, _unwrapped(model).state_dict(), optimizer.state_dict(), meta, lineage.positions,
-                      then=published, arrays=arrays)
+                      then=published, join=join)
     reporter.submit(metrics)
 
 
@@ -341,7 +342,7 @@ def _append_row(cfg: TrainConfig, name: str, row: dict) -> None:
         f.write(json.dumps(row, default=str) + "\n")
 
 
-def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict, dict] | None:
+def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict, dict, Path] | None:
     """The lineage's newest complete checkpoint, verified (a corrupt one raises: an older one
     would learn events twice). From the run directory, not Ray Train's `get_checkpoint()`: a
     run's checkpoint is whatever the group before it stopped at, and that group may have been
@@ -349,7 +350,7 @@ def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict, dict
     registered its last report. Rank 0 picks; every rank loads that one."""
     path = ckpt.restore_point(_run_dir(cfg)) if rank == 0 else None
     path = broadcast(str(path) if path else None, rank)
-    return (*ckpt.load(path), ckpt.load_arrays(path)) if path else None
+    return (*ckpt.load(path), ckpt.load_arrays(path), Path(path)) if path else None
 
 
 def _run_dir(cfg: TrainConfig) -> Path:

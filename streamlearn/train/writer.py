@@ -22,6 +22,7 @@ from pathlib import Path
 from streamlearn import faults
 from streamlearn.serve.model_store import held_versions  # what serving needs kept
 from streamlearn.train import checkpoint as ckpt
+from streamlearn.train.join_files import JoinFiles
 
 MAX_PENDING = 2  # a writer slower than the cadence makes training wait rather than pile up copies
 
@@ -33,26 +34,31 @@ def snapshot(state: dict) -> dict:
 
 
 class CheckpointWriter:
-    def __init__(self, run_dir: Path, keep: int, commit: Callable[[dict[int, int]], None]):
+    def __init__(self, run_dir: Path, keep: int, commit: Callable[[dict[int, int]], None],
+                 resumed_from: Path | None = None):
         self.run_dir, self.keep, self._commit = run_dir, keep, commit
+        # The join state's files in the checkpoint the group restored, which its next links on.
+        listing = ckpt.read_meta(resumed_from).get("join", {}).get("segments") if resumed_from else None
+        self._join = JoinFiles(resumed_from if listing is not None else None, listing)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
         self._pending: deque[Future] = deque()
 
     def submit(self, version: int, model_state: dict, optimizer_state: dict | None, meta: dict,
-               offsets: dict[int, int], then: Callable[[], None], arrays: dict | None = None) -> None:
+               offsets: dict[int, int], then: Callable[[], None], join: dict | None = None) -> None:
         """Queue checkpoint `version`. Everything is copied here, before returning: the training
         thread moves on and changes the model, the optimizer and the lineage's offsets (a meta
         that still referred to the live offsets claimed windows its model had not learned: the
         aimed kill after publish found it as events skipped after a restore)."""
         self._reap(block=len(self._pending) >= MAX_PENDING)
         states = snapshot(model_state), snapshot(optimizer_state) if optimizer_state is not None else None
-        # `arrays` are the join state's snapshot, already a copy no one changes.
+        # `join` is the ranks' join deltas, already copies no one changes.
         self._pending.append(self._pool.submit(self._write, version, *states, copy.deepcopy(meta), dict(offsets),
-                                               then, arrays))
+                                               then, join))
 
-    def _write(self, version, model_state, optimizer_state, meta, offsets, then, arrays=None) -> None:
+    def _write(self, version, model_state, optimizer_state, meta, offsets, then, join=None) -> None:
         faults.point("before_checkpoint_write")
-        ckpt.publish(self.run_dir, version, model_state, optimizer_state, meta, arrays)
+        ckpt.publish(self.run_dir, version, model_state, optimizer_state, meta,
+                     None if join is None else (self._join, join))
         faults.point("after_publish_before_commit")
         self._commit(offsets)  # only now: the checkpoint holding them is durable
         ckpt.prune(self.run_dir, self.keep, hold=held_versions(self.run_dir))

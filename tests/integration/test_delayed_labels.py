@@ -27,6 +27,7 @@ from load.generator import run_load
 from load.labels import LabelPlan, parse_label_delay
 from load.profiles import parse_profile
 from pipelines.banking import UNLABELLED_TRANSACTION
+from streamlearn import faults
 from streamlearn.errors import BadEvent, StreamlearnError
 from streamlearn.ingest.stream import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
@@ -129,3 +130,23 @@ def test_delayed_labels_are_learned_once_through_a_worker_kill_and_a_resume_on_o
           kafka_settings)
     again = assert_joined_exactly_once(kafka_settings, cfg)
     assert again["counters"]["learned"] > meta["counters"]["learned"] + 2_000
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fault", ["mid_checkpoint_write@rank0#4", "after_publish_before_commit@rank0#4"])
+def test_delayed_labels_are_learned_once_through_an_aimed_kill_at_a_checkpoint(
+        kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault):
+    """A checkpoint writes only the join rows new since the one before and links the rest from it
+    (train/join_files.py): killed while it writes them, or after it is published but before its
+    offsets are committed, the group restarts from files that earlier checkpoints wrote."""
+    ensure_topics(kafka_settings, {f"{topic}.labels": 4})
+    run_load(kafka.bootstrap, topic, partitions=4, count=16_000, bad_fraction=0.02, seed=77, labels=PLAN)
+    cfg = config(tmp_path, topic, pipeline="fraud_delayed", window_events=1000, checkpoint_every_steps=8,
+                 checkpoint_every_s=3600.0, until_idle_s=3.0, max_failures=2)
+    monkeypatch.setenv("STREAMLEARN_FAULT", fault)
+    train(cfg, kafka_settings)
+    assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
+    meta = assert_joined_exactly_once(kafka_settings, cfg)
+    assert meta["join"]["pending"]["events"] > 0  # the never-labelled tenth waits
+    newest = ckpt.newest(run_dir(cfg))
+    assert any(p.stat().st_nlink > 1 for p in newest.glob("join-*.npz")), "no join rows carried by a link"

@@ -27,7 +27,7 @@ def test_restore_loads_the_newest_verified_checkpoint(tmp_path):
     assert restore(tmp_path) is None  # a new lineage
     write(tmp_path.joinpath(*RUN, "checkpoint_000000001"))
     write(tmp_path.joinpath(*RUN, "checkpoint_000000002"), version=2)
-    model, optimizer, meta, arrays = restore(tmp_path)
+    model, optimizer, meta, arrays, _path = restore(tmp_path)
     assert torch.equal(model["w"], torch.ones(3)) and optimizer == {"state": {}} and meta["version"] == 2
     assert arrays == {}  # no join state: a pipeline with inline labels
 
@@ -35,13 +35,18 @@ def test_restore_loads_the_newest_verified_checkpoint(tmp_path):
 def test_a_join_state_travels_in_the_checkpoint_under_its_checksum(tmp_path):
     import numpy as np
 
+    from streamlearn.ingest.labelled import LabelJoin
+    from streamlearn.train.join_files import JoinFiles
+    from tests.unit.test_labelled import SPEC, D, _events, stream
+
     run = tmp_path.joinpath(*RUN)
     run.mkdir(parents=True)
-    state = {"p0/events.key": np.arange(5, dtype=np.uint64), "p3/labels.value": np.array([b"ab", b"c"], "S160")}
-    path = ckpt.publish(run, 1, {"w": torch.ones(2)}, None, {"version": 1}, arrays=state)
-    *_, arrays = restore(tmp_path)
-    assert arrays.keys() == state.keys() and all(np.array_equal(arrays[k], v) for k, v in state.items())
-    np.savez(path / ckpt.ARRAYS, **{k: v[:1] for k, v in state.items()})  # a join state rewound
+    join = LabelJoin(SPEC, D, 4)
+    join.window({3: _events(stream(1)[0], 0, 5)}, {})
+    path = ckpt.publish(run, 1, {"w": torch.ones(2)}, None, {"version": 1}, join=(JoinFiles(), join.delta()))
+    *_, arrays, _path = restore(tmp_path)
+    assert arrays["p3/events.key"].tolist() == join.snapshot()["p3/events.key"].tolist()
+    np.savez(path / ckpt.ARRAYS, nothing=np.zeros(1))  # the join state's clocks and waiting rows rewritten
     with pytest.raises(CheckpointError, match="join.npz fails its checksum"):
         restore(tmp_path)
 

@@ -64,8 +64,9 @@ def test_a_window_learns_each_labelled_event_with_its_own_label():
     assert [by_crc[c] for c in batch.crcs.tolist()] == batch.targets.tolist()  # each event, its own label
     assert [(m.offset, r.split(":")[0]) for m, r in batch.bad_labels] == [(999, "wrong_type")]
     assert batch.expired == 0 and stream.join.pending == {"events": 150, "labels": 0}
-    snapshot = batch.join_snapshot
-    assert sum(len(a) for name, a in snapshot.items() if name.endswith("/events.key")) == 150
+    delta = batch.join_delta  # a first checkpoint: every waiting event is new to the files
+    assert sum(len(a) for name, a in delta.items() if name.endswith("/events.new.key")) == 150
+    assert sum(int(a[3]) for name, a in delta.items() if name.endswith("/events.range")) == 150
 
 
 def test_a_label_read_before_its_event_waits_and_a_second_event_with_its_id_is_refused():

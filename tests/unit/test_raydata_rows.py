@@ -26,7 +26,7 @@ def test_a_joined_checkpoint_slice_survives_the_trip_whole():
     batch = Batch(Window(3, {1: (0, 10)}, checkpoint=True), x, np.array([0, 1, 0], np.float32),
                   np.array([11, 12, 13], np.uint32), [(Message(1, 4, b"{bad"), "invalid_json: ...")],
                   bad_labels=[(Message(1, 2, b'{"event_id": "x"}'), "label_without_event: ...")], expired=2,
-                  join_snapshot=state)
+                  join_delta=state)
     row = _through_arrow(source._decoded_row(3, batch, rows=17, read_s=0.5, decode_s=0.25))
 
     assert (row["window"], row["rows"], row["expired"]) == (3, 17, 2)

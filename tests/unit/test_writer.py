@@ -77,7 +77,7 @@ def test_a_restore_loads_exactly_the_weights_and_optimizer_state_that_were_check
     cfg = TrainConfig(checkpoint_dir=str(tmp_path), run_name="r")
     ckpt.publish(tmp_path / "r", 7, model.state_dict(), optimizer.state_dict(), {"version": 7})
 
-    state, opt_state, meta, _arrays = _restore(cfg, rank=0)
+    state, opt_state, meta, _arrays, _path = _restore(cfg, rank=0)
     fresh = pipeline.build_model()  # a different init: everything must come from the checkpoint
     fresh.load_state_dict(state)
     fresh_opt = pipeline.make_optimizer(fresh.parameters())
