@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
@@ -102,7 +103,7 @@ class JoinFiles:
                     segs = [self._rewrite(directory, key, segs, new, alive, lo, hi, pending)]
                 else:
                     for s in segs:
-                        os.link(self.previous / s.file, directory / s.file)
+                        _link(self.previous / s.file, directory / s.file)
                         known[s.file] = s.sha256
                     if len(new["seq"]):
                         segs.append(self._segment(directory, key, new, written, hi))
@@ -153,6 +154,17 @@ class JoinFiles:
         if len(rows["seq"]) != pending:
             raise CheckpointError(f"join state {key}: {len(rows['seq'])} rows found for {pending} waiting")
         return self._segment(directory, key, rows, segs[0].lo if segs else lo, hi)
+
+
+def _link(source: Path, target: Path) -> None:
+    """A hard link; a copy where the filesystem has none (the bytes are the same, the disk not)."""
+    try:
+        os.link(source, target)
+    except FileNotFoundError:
+        raise CheckpointError(f"{source} is gone: the checkpoint before was pruned or moved while this one "
+                              f"was written") from None
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _read(directory: Path, name: str) -> dict[str, np.ndarray]:
