@@ -133,3 +133,24 @@ def test_a_delta_that_disagrees_with_the_files_is_refused(tmp_path):
     behind.window({0: _events(t, 0, 20)}, {})
     with pytest.raises(CheckpointError, match="behind what is on disk"):
         publish(tmp_path, 3, files, behind)
+
+
+def test_a_checkpoint_written_whole_before_segments_restores_and_the_next_writes_every_row(tmp_path):
+    """An upgrade mid-lineage: the newest checkpoint holds the whole state in join.npz (the format
+    before segments, no arrival numbers); the restored join numbers its rows afresh, and the first
+    checkpoint after writes them all, since none is in a segment yet."""
+    join = LabelJoin(SPEC, D, 2)
+    for _, (events, labels) in zip(range(6), windows(4), strict=False):
+        join.window(events, labels)
+    old = {k: v for k, v in join.snapshot().items() if not k.endswith((".seq", ".next"))}
+    path = tmp_path / "checkpoint_000000001"
+    ckpt.write(path, {"w": torch.ones(1)}, None, {"version": 1})
+    np.savez(path / ckpt.ARRAYS, **old)
+    (path / ckpt.SUMS).write_text("".join(f"{join_files.sha256(path / n)}  {n}\n" for n in ckpt._files(path)))
+    back = LabelJoin(SPEC, D, 2)
+    back.restore(restored(path), lambda p: True)
+    assert back.pending == join.pending and back.pending["events"]
+    new = publish(tmp_path, 2, JoinFiles(path, None), back)
+    assert_same_state({k: v for k, v in restored(new).items() if not k.endswith(".seq")},
+                      {k: v for k, v in back.snapshot().items() if not k.endswith(".seq")})
+    assert all(p.stat().st_nlink == 1 for p in new.glob("join-*.npz"))  # all written, nothing to link
