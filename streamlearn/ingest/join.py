@@ -108,10 +108,11 @@ class Side:
         count = int(taken.sum())
         self._reserve(count)
         lo = self.n
-        if "seq" not in rows:
-            rows = {**rows, "seq": np.arange(self.next_seq, self.next_seq + len(keys), dtype=np.int64)}
         for name, col in self.cols.items():
-            col[lo:lo + count] = rows[name][taken]
+            if name == "seq" and "seq" not in rows:  # new arrivals: numbered on
+                col[lo:lo + count] = np.arange(self.next_seq, self.next_seq + count)
+            else:
+                col[lo:lo + count] = rows[name][taken]
         if count:
             self.next_seq = max(self.next_seq, int(self.cols["seq"][lo + count - 1]) + 1)
         self.alive[lo:lo + count] = True
