@@ -84,13 +84,14 @@ class JoinFiles:
     def __init__(self, previous: Path | None = None, listing: dict | None = None):
         self.previous = previous
         self.segments = {key: [Segment(*s) for s in segs] for key, segs in (listing or {}).items()}
+        self._staged: dict[str, list[Segment]] = {}  # the checkpoint being written, until published
 
     def write(self, directory: Path, delta: dict[str, np.ndarray]) -> tuple[dict, dict[str, str]]:
         """Write `delta`'s join state into a checkpoint being staged at `directory`: -> (meta's
         `join.segments`, checksums of the segments linked from the checkpoint before, which need
         no hashing again). Call `published` once the checkpoint is in place."""
         small, listing, known = {}, {}, {}
-        self._staged: dict[str, list[Segment]] = {}
+        self._staged = {}
         for part, arrays in sorted(_by_partition(delta).items()):
             small[f"{part}/clock"] = arrays["clock"]
             for side in SIDES:
