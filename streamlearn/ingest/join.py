@@ -64,6 +64,15 @@ def join_keys(ids: Iterable[str]) -> np.ndarray:
     return keys
 
 
+def by_partition(arrays: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+    """Arrays named `p<partition>/<name>` (a checkpoint's join state), grouped by partition."""
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for name, array in arrays.items():
+        head, rest = name.split("/", 1)
+        out.setdefault(int(head[1:]), {})[rest] = array
+    return out
+
+
 @dataclass
 class Expired:
     """Entries that left a side without their other half; `rows` holds their columns."""

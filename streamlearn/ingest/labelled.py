@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from streamlearn.ingest.join import JoinState
+from streamlearn.ingest.join import JoinState, by_partition
 from streamlearn.ingest.reader import Message
 from streamlearn.pipeline import JoinedLabels
 
@@ -143,11 +143,7 @@ class LabelJoin:
         """Take the states of the partitions `mine(p)` says this rank joins from a checkpoint's
         arrays (`snapshot`'s, or the ones `train/join_files.load` rebuilds, which say what the
         checkpoint's files hold already: `<side>.written`)."""
-        by_partition: dict[int, dict[str, np.ndarray]] = {}
-        for name, array in arrays.items():
-            head, rest = name.split("/", 1)
-            by_partition.setdefault(int(head[1:]), {})[rest] = array
-        for p, rows in by_partition.items():
+        for p, rows in by_partition(arrays).items():
             if mine(p):
                 written = {side: int(rows.pop(f"{side}.written", 0)) for side in ("events", "labels")}
                 self.states[p] = JoinState.restore(rows, self.n_features, self.spec.ttl_s, self.cap)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from streamlearn.errors import CheckpointError
+from streamlearn.ingest.join import by_partition
 
 ARRAYS = "join.npz"
 SIDES = ("events", "labels")
@@ -57,24 +58,20 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _by_partition(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for name, array in arrays.items():
-        head, rest = name.split("/", 1)
-        out.setdefault(head, {})[rest] = array
-    return out
-
-
 def _alive(bits: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return np.unpackbits(bits, count=hi - lo).astype(bool)
 
 
-def _waiting(rows: dict[str, np.ndarray], alive: np.ndarray, lo: int) -> np.ndarray:
-    """Which of a segment's rows still wait, by their arrival numbers."""
-    at = rows["seq"] - lo
-    ok = (at >= 0) & (at < len(alive))
-    ok[ok] = alive[at[ok]]
-    return ok
+def _waiting(directory: Path, segments: list[Segment], alive: np.ndarray, lo: int) -> list[dict[str, np.ndarray]]:
+    """Each segment's rows that still wait, by their arrival numbers (bits `alive` from `lo`)."""
+    out = []
+    for s in segments:
+        rows = _read(directory, s.file)
+        at = rows["seq"] - lo
+        ok = (at >= 0) & (at < len(alive))
+        ok[ok] = alive[at[ok]]
+        out.append({n: a[ok] for n, a in rows.items()})
+    return out
 
 
 class JoinFiles:
@@ -92,7 +89,8 @@ class JoinFiles:
         no hashing again). Call `published` once the checkpoint is in place."""
         small, listing, known = {}, {}, {}
         self._staged = {}
-        for part, arrays in sorted(_by_partition(delta).items()):
+        for p, arrays in sorted(by_partition(delta).items()):
+            part = f"p{p}"
             small[f"{part}/clock"] = arrays["clock"]
             for side in SIDES:
                 key = f"{part}/{side}"
@@ -147,10 +145,7 @@ class JoinFiles:
     def _rewrite(self, directory: Path, key: str, segs: list[Segment], new: dict[str, np.ndarray],
                  alive: np.ndarray, lo: int, hi: int, pending: int) -> Segment:
         """The waiting rows of `segs` and the new ones, as one segment."""
-        parts = []
-        for s in segs:
-            rows = _read(self.previous, s.file)
-            parts.append({n: a[_waiting(rows, alive, lo)] for n, a in rows.items()})
+        parts = _waiting(self.previous, segs, alive, lo)
         rows = {n: np.concatenate([p[n] for p in parts] + [a]) for n, a in new.items()}
         if len(rows["seq"]) != pending:
             raise CheckpointError(f"join state {key}: {len(rows['seq'])} rows found for {pending} waiting")
@@ -182,19 +177,17 @@ def load(directory: Path, listing: dict, covered) -> dict[str, np.ndarray]:
     `covered` is the files they cover: a segment outside them is refused."""
     small = _read(directory, ARRAYS)
     out = {}
-    for part, arrays in _by_partition(small).items():
+    for p, arrays in by_partition(small).items():
+        part = f"p{p}"
         out[f"{part}/clock"] = arrays["clock"]
         for side in SIDES:
             key = f"{part}/{side}"
             lo, hi, _written, pending = (int(v) for v in arrays[f"{side}.range"])
             alive = _alive(arrays[f"{side}.alive"], lo, hi)
-            parts = []
-            for s in (Segment(*s) for s in listing.get(key, [])):
-                if s.file not in covered:
-                    raise CheckpointError(f"{directory}: {s.file} is not covered by its checksums")
-                rows = _read(directory, s.file)
-                parts.append({n: a[_waiting(rows, alive, lo)] for n, a in rows.items()})
-            if parts:
+            segments = [Segment(*s) for s in listing.get(key, [])]
+            if unchecked := [s.file for s in segments if s.file not in covered]:
+                raise CheckpointError(f"{directory}: {unchecked[0]} is not covered by its checksums")
+            if parts := _waiting(directory, segments, alive, lo):
                 out.update({f"{key}.{n}": np.concatenate([p[n] for p in parts]) for n in parts[0]})
             found = len(out.get(f"{key}.seq", ()))
             if found != pending:
