@@ -6,7 +6,8 @@ A timer-driven kill lands wherever it happens to fall; exactly-once breaks in na
 (default: any rank, the first time) passes it, the worker SIGKILLs itself. Several specs, comma
 separated, arm several points: one fault after another in one run (a hand-over whose old group
 and new group both die). The driver hands the spec to its workers (the train loop's config, every
-group of a run) and `streamlearn serve` to its replicas (their runtime environment). Each kill
+group of a run), rank 0 to the Ray Data read lanes it starts (`given`), and `streamlearn serve`
+to its replicas (their runtime environment). Each kill
 first creates a mark in the run directory, exclusively: one process fires a spec, and the group
 Ray Train restarts (or the replica Serve starts) runs past the point: one fault per spec and
 lineage. Unset, every point costs a truth test.
@@ -36,12 +37,16 @@ POINTS = {
     # Not a kill: the one place a fault drops data instead, as Ray Data twice lost a slice
     # between a read lane and the ranks (DECISIONS §1). The rank throws the slice away unseen.
     "ray_data_slice_lost": "a rank's Ray Data pump, a window slice received: dropped, never held",
+    # Ray Data's read lane (a task of rank 0's Dataset), a slice yielded: its process dies, as a
+    # lane's worker killed by the OOM killer or Ray's memory monitor would.
+    "ray_data_lane_dies": "a Ray Data read lane, the n-th slice yielded: its process killed",
     # Not a kill either: a rank that falls behind its peers (a slow consumer, a large slice).
     "ray_data_rank_behind": "a rank's Ray Data pump, from the n-th slice on: each held back before it is queued",
 }
 _SPEC = re.compile(r"^(?P<point>[a-z_]+)(@rank(?P<rank>\d+))?(#(?P<nth>\d+))?$")
 
 _armed: list[dict] = []
+_given: tuple[str, Path] | None = None  # this process's spec and run directory, for the processes it starts
 
 
 def spec_from_env() -> str:
@@ -71,8 +76,16 @@ def mark_of(run_dir: Path, spec: str) -> Path:
 def arm(spec: str, rank: int | None, run_dir: Path) -> None:
     """In a worker (rank None: a process with no rank, a Serve replica): arm each spec meant for
     it, unless it already fired in this lineage."""
+    global _given
+    _given = (spec, run_dir) if spec else None
     _armed[:] = [{**fault, "mark": mark_of(run_dir, fault["spec"]), "seen": 0} for fault in parse(spec)
                  if fault["rank"] in (None, rank) and not mark_of(run_dir, fault["spec"]).exists()]
+
+
+def given() -> tuple[str, Path] | None:
+    """The spec and run directory this process was armed with (None: none), for a Ray Data
+    read lane it starts: `arm(*given, None)` there arms the specs meant for no rank in particular."""
+    return _given
 
 
 def point(name: str) -> None:

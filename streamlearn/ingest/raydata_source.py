@@ -40,7 +40,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, get_placement_group, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from streamlearn import heap
+from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.labelled import LabelJoin
@@ -206,6 +206,7 @@ class KafkaWindows(ray.data.Datasource):
                  pipeline: Pipeline | None = None):
         self._args = (settings, topic, group_id, feed, pipeline)
         self.lanes = lanes
+        self._fault = faults.given()  # aimed faults reach the lanes too (tests only)
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None  # unbounded
@@ -218,9 +219,13 @@ class KafkaWindows(ray.data.Datasource):
 
         def task(lane: int):
             def stream():
+                if self._fault:
+                    faults.arm(self._fault[0], None, self._fault[1])
                 # A lane streams for the Dataset's life in one of Ray's pooled workers (heap.py).
                 with heap.quiet_while_streaming():
-                    yield from read_lane(settings, topic, group_id, feed, lane, self.lanes, pipeline=pipeline)
+                    for piece in read_lane(settings, topic, group_id, feed, lane, self.lanes, pipeline=pipeline):
+                        yield piece
+                        faults.point("ray_data_lane_dies")  # only where a test aimed it
             return stream
 
         meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
@@ -330,9 +335,16 @@ def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline
     joined = pipeline.labels is not None  # the lanes decode and join both topics themselves
     source = KafkaWindows(settings, topic, group_id, feed, lanes, pipeline=pipeline if joined else None)
     lane = {"num_cpus": LANE_CPUS, "compute": ray.data.TaskPoolStrategy(size=lanes)}  # the same both: fused
-    ds = ray.data.read_datasource(source, override_num_blocks=lanes, **lane)
+    # A lane is never retried. Ray retries a task whose process died, and Ray Data's default is
+    # forever; but a lane is no pure function of its input: a new attempt asks the feed for its
+    # oldest window and yields slices the ranks already learned or that Ray's stream of the first
+    # attempt's outputs no longer takes, which the ranks saw as lost rows 35 s later at best. Not
+    # retried, the lane's death ends the Dataset, every rank's stream raises it with its cause,
+    # and the group restarts from its checkpoint at once (`test_aimed_faults`, a lane killed).
+    once = {"max_retries": 0}
+    ds = ray.data.read_datasource(source, override_num_blocks=lanes, ray_remote_args=once, **lane)
     if not joined:
-        ds = ds.map_batches(decode, batch_size=None, batch_format="pyarrow", **lane,
+        ds = ds.map_batches(decode, batch_size=None, batch_format="pyarrow", **lane, **once,
                             # The pipeline object itself (pickled by reference to its module), not its
                             # name: `--pipeline package.module:attribute` names no file under pipelines/.
                             fn_kwargs={"pipeline": pipeline})

@@ -22,6 +22,7 @@ ranks gather their own.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 
@@ -61,6 +62,7 @@ STALL_S = 120.0
 LOST_S = 30.0
 LOST_CHECK_S = 5.0  # rank 0 asks the feed where the lanes are at most this often, only while waiting
 _END = object()
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BEHIND_S = 0.5  # what the aimed fault `ray_data_rank_behind` holds each slice back on its rank
 
 
@@ -233,7 +235,8 @@ class RayDataStream:
             if item is _END:
                 self._ended = True
             elif isinstance(item, BaseException):
-                raise IngestError(f"Ray Data stream failed: {type(item).__name__}: {str(item)[:500]}") from item
+                said = _ANSI.sub("", str(item))  # Ray colours its task errors for a terminal
+                raise IngestError(f"Ray Data stream failed: {type(item).__name__}: {said[:500]}") from item
             else:
                 rows.extend(item.to_pylist())
         return rows

@@ -15,6 +15,7 @@ import pytest
 from load.generator import run_load
 from streamlearn import faults
 from streamlearn.autoscale.policy import ScalingPolicy
+from streamlearn.ingest.raydata_stream import LOST_S
 from streamlearn.observe.runfiles import read_jsonl
 from streamlearn.train.trainer import run_dir, train
 
@@ -37,6 +38,11 @@ CASES = {
     # Every lane reads on past the window; rank 0 must call it lost (LOST_S, not the two-minute
     # stall limit), and the restarted group relearn the window's events once.
     "ray_data_slice_lost@rank1#3": "a Ray Data slice lost",
+    # Ray Data only: a read lane's process dies (as the OOM killer or Ray's memory monitor would
+    # kill it) after its twelfth slice, once the feed has let the first windows go (a retry
+    # could replay those in step). A lane is never retried (raydata_source.build): its death must
+    # fail the group at once with its cause, not as rows found lost 35 s later.
+    "ray_data_lane_dies#12": "a Ray Data lane killed",
 }
 
 
@@ -67,6 +73,12 @@ def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, 
         messages = [f"rank {f['rank']} {f['error']}: {f['message'][:600]}" for f in failures]
         assert failures and "Ray Data lost its slices" in failures[0]["message"], messages
         assert all((f["rank"], f["error"]) == (0, "IngestError") for f in failures), messages
+    if fault.startswith("ray_data_lane_dies"):
+        failures = read_jsonl(run_dir(cfg) / "failures.jsonl")
+        messages = [f"rank {f['rank']} {f['error']}: {f['message'][:600]}" for f in failures]
+        killed = faults.mark_of(run_dir(cfg), fault).stat().st_mtime
+        assert failures and all("Ray Data stream failed" in f["message"] for f in failures), messages
+        assert failures[0]["t"] - killed < LOST_S / 2, (failures[0]["t"] - killed, messages)
 
 
 @pytest.mark.timeout(900)
