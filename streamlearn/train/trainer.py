@@ -59,7 +59,8 @@ def _trainer_class():
     Ray Data path builds and splits its own on rank 0), yet Ray Train 2.60 starts a
     DatasetManager actor for every group all the same. Its process (Ray and Ray Data imported
     to unpickle a DataContext) cost ~3 CPU s of the two cores every group start competes for:
-    2-worker first step 18.7 s against 19.7 s, stock and without it alternating (DECISIONS §8)."""
+    2-worker first step 18.7 s against 19.7 s, stock and without it alternating (DECISIONS §1,
+    "Where a start goes")."""
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks import DatasetsCallback  # internal; Ray is pinned to 2.60
 
