@@ -41,12 +41,13 @@ TOPIC, PARTITIONS = "bench", 4
 DELAYED = "bench-delayed"  # the same events, their labels on DELAYED.labels
 
 
-def baseline(bootstrap: str, n: int) -> float:
-    """The hand-rolled loop: consume, decode, featurize, step; events/s on one core."""
+def baseline(bootstrap: str, n: int, device: str = "cpu") -> float:
+    """The hand-rolled loop: consume, decode, featurize, step; events/s on one core (and its GPU,
+    where `device` names one: load/bench/gpu.py)."""
     torch.set_num_threads(1)
     pipeline = load_pipeline("fraud")
     torch.manual_seed(0)
-    model = pipeline.build_model()
+    model = pipeline.build_model().to(device)
     opt = pipeline.make_optimizer(model.parameters())
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"baseline-{time.time()}",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 20})
@@ -61,24 +62,28 @@ def baseline(bootstrap: str, n: int) -> float:
                 pass
         while len(events) >= 256 or (seen >= n and events):
             chunk, events = events[:256], events[256:]
-            x, y = torch.from_numpy(pipeline.features(chunk)), torch.from_numpy(pipeline.targets(chunk))
+            x = torch.from_numpy(pipeline.features(chunk)).to(device)
+            y = torch.from_numpy(pipeline.targets(chunk)).to(device)
             loss = pipeline.loss(model(x), y).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
+    if device != "cpu":
+        torch.cuda.synchronize()  # the last steps may still be queued on the GPU
     consumer.close()
     return n / (time.perf_counter() - started)
 
 
 def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str = "direct", topic: str = TOPIC,
-                  pipeline: str = "fraud", drift: bool = True) -> dict:
+                  pipeline: str = "fraud", drift: bool = True, **overrides) -> dict:
     """One `streamlearn.train.train` run with the defaults a user gets (only the topic, the worker
-    count and the bound are set). Steady rate: events learned after the first window, over the time
-    from the end of that window to the last checkpoint; start-up is reported apart, as where its
-    seconds went (the first checkpoint's startup_s, counted from the call to train())."""
+    count and the bound are set; `overrides`: other TrainConfig fields, as load/bench/gpu.py's
+    `use_gpu`). Steady rate: events learned after the first window, over the time from the end of
+    that window to the last checkpoint; start-up is reported apart, as where its seconds went (the
+    first checkpoint's startup_s, counted from the call to train())."""
     name = f"bench-{ingest}-{workers}-{pipeline}-{time.time_ns()}"
     cfg = TrainConfig(topic=topic, pipeline=pipeline, workers=workers, ingest=ingest, checkpoint_dir=str(home / name),
-                      run_name=name, group_id=name, max_events=n, max_failures=0, drift=drift)
+                      run_name=name, group_id=name, max_events=n, drift=drift, **{"max_failures": 0, **overrides})
     started = time.time()
     summary = train(cfg, KafkaSettings(bootstrap=bootstrap), started_at=started)
     total_s = time.time() - started
@@ -97,13 +102,15 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
             "first_step_s": startup["first_step_done"], "startup_s": startup,
             "checkpoint_share": phases.get("checkpoint", 0.0) / steady_s if steady_s > 0 else float("nan"),
             "window_overhead_ms_median": statistics.median(r["window_overhead_ms"] for r in rows),
-            "learned": summary["events_learned"], "checkpoints": len(rows), "rank0_phases_s": phases}
+            "learned": summary["events_learned"], "checkpoints": len(rows), "rank0_phases_s": phases,
+            "checkpoint_dir": cfg.checkpoint_dir, "run_name": name}
 
 
-def alternating_rounds(events: int, rounds: int, contenders: list, run_one) -> dict:
+def alternating_rounds(events: int, rounds: int, contenders: list, run_one, after=None) -> dict:
     """The fraud topic produced once, then `run_one(bootstrap, events, home, contender)` for every
     contender once per round, round after round (this machine's speed drifts within minutes: a
-    contender's runs in a block would turn that drift into ratios). Runs by contender."""
+    contender's runs in a block would turn that drift into ratios), then `after(bootstrap, home)`
+    on the same broker and Ray. Runs by contender."""
     import ray
 
     with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
@@ -113,6 +120,8 @@ def alternating_rounds(events: int, rounds: int, contenders: list, run_one) -> d
         for _ in range(rounds):
             for contender in contenders:
                 runs[contender].append(run_one(broker.bootstrap, events, home, contender))
+        if after:
+            after(broker.bootstrap, home)
         ray.shutdown()
     return runs
 

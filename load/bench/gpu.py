@@ -1,0 +1,156 @@
+"""The GPU path, on a machine that has a GPU: Ray Train with `use_gpu=True` (NCCL, the model and
+every batch on CUDA) against the CPU path (gloo) and the plain loop, in the same run on the same data.
+
+    python -m load.bench.gpu [--events 200000] [--runs 3]   # ~8 min on a 16-core H200 machine
+
+Contenders, one run each per round (as in ingest.py): the single-process baseline on the CPU
+(ingest.py's loop) and the same loop with its model on CUDA; streamlearn with 1 and 2 gloo
+workers (the default) and 1 NCCL worker (`--use-gpu`; one GPU is one rank: NCCL refuses two ranks
+on one device). GPU use is sampled with nvidia-smi while each run lasts, so a run that silently
+trained on the CPU would show it. Then once: the GPU worker SIGKILLed right after a checkpoint is
+published and before its offsets are committed, its group restarted on the GPU from that
+checkpoint, and the run audited for exactly-once against a re-read of the topic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import threading
+from contextlib import contextmanager
+
+from load.bench.common import audit_exactly_once, machine_line, write_json, write_section
+from load.bench.ingest import TOPIC, alternating_rounds, baseline, median_run, pipeline_rate
+from streamlearn import faults
+from streamlearn.config import KafkaSettings, TrainConfig
+from streamlearn.train.trainer import run_dir
+
+KILL = "after_publish_before_commit@rank0#1"  # the first checkpoint durable, its offsets not committed
+
+
+@contextmanager
+def gpu_sampled(out: dict):
+    """Peak GPU utilisation (%) and memory used (MiB) while the block runs, from nvidia-smi."""
+    stop, peaks = threading.Event(), {"gpu_util_peak_pct": 0, "gpu_memory_peak_mib": 0, "gpu_samples": 0}
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            done = _smi("--query-gpu=utilization.gpu,memory.used")
+            if done:
+                util, mem = (int(float(v)) for v in done.stdout.splitlines()[0].split(","))
+                peaks.update(gpu_util_peak_pct=max(peaks["gpu_util_peak_pct"], util),
+                             gpu_memory_peak_mib=max(peaks["gpu_memory_peak_mib"], mem),
+                             gpu_samples=peaks["gpu_samples"] + 1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        out.update(peaks)
+
+
+CONTENDERS = {"baseline-cpu": {"device": "cpu"}, "baseline-cuda": {"device": "cuda"},
+              "gloo-1": {"workers": 1}, "gloo-2": {"workers": 2}, "nccl-1": {"workers": 1, "use_gpu": True}}
+
+
+def run_one(bootstrap: str, events: int, home, name: str) -> dict:
+    kwargs, sampled = CONTENDERS[name], {}
+    with gpu_sampled(sampled):
+        if name.startswith("baseline"):
+            result = {"steady_events_per_s": baseline(bootstrap, events, **kwargs)}
+        else:
+            result = pipeline_rate(bootstrap, events, home=home, **kwargs)
+    result = {**result, **sampled}
+    print(f"# {name}: {result['steady_events_per_s']:,.0f} events/s, first step {result.get('first_step_s', 0):.1f} s, "
+          f"GPU peak {sampled['gpu_util_peak_pct']} % / {sampled['gpu_memory_peak_mib']} MiB", flush=True)
+    return result
+
+
+def killed_and_restored(bootstrap: str, events: int, home) -> dict:
+    """One NCCL run with an aimed kill between publish and commit; Ray Train restarts the group."""
+    os.environ[faults.ENV] = KILL
+    try:
+        sampled: dict = {}
+        with gpu_sampled(sampled):
+            run = pipeline_rate(bootstrap, events, home=home, workers=1, use_gpu=True, max_failures=1)
+    finally:
+        del os.environ[faults.ENV]
+    cfg = TrainConfig(topic=TOPIC, pipeline="fraud", checkpoint_dir=run["checkpoint_dir"], run_name=run["run_name"])
+    fired = faults.mark_of(run_dir(cfg), KILL).exists()
+    return {**run, **sampled, "fault": KILL, "fault_fired": fired,
+            "audit": audit_exactly_once(KafkaSettings(bootstrap=bootstrap), cfg, events)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    extra: dict = {}
+
+    def after_rounds(bootstrap: str, home) -> None:
+        extra["killed"] = killed_and_restored(bootstrap, args.events, home)
+
+    runs = alternating_rounds(args.events, args.runs, list(CONTENDERS), run_one, after=after_rounds)
+    report(args.events, runs, extra["killed"])
+
+
+def report(n: int, runs: dict, killed: dict) -> None:
+    base = statistics.median(r["steady_events_per_s"] for r in runs["baseline-cpu"])
+    med = {name: median_run(rs) if not name.startswith("baseline") else
+           {"steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in rs),
+            "gpu_util_peak_pct": max(r["gpu_util_peak_pct"] for r in rs)} for name, rs in runs.items()}
+    audit = killed["audit"]
+    figures = {"events": n, "gpu": _gpu_name(), "baseline_events_per_s": base,
+               **{f"{name}_events_per_s": m["steady_events_per_s"] for name, m in med.items()},
+               **{f"ratio_{name}_vs_baseline_cpu": m["steady_events_per_s"] / base for name, m in med.items()},
+               "ratio_nccl_1_vs_gloo_1": med["nccl-1"]["steady_events_per_s"] / med["gloo-1"]["steady_events_per_s"],
+               **{f"first_step_s_{name}": med[name]["first_step_s"] for name in ("gloo-1", "gloo-2", "nccl-1")},
+               "killed_restored_exactly_once": audit["passed"], "killed": killed, "runs": runs}
+    write_json("gpu", figures)
+    rows = [f"| {name} | {m['steady_events_per_s']:,.0f} | {m['steady_events_per_s'] / base:.2f} | "
+            f"{m.get('first_step_s', float('nan')):.1f} s | {m['gpu_util_peak_pct']} % |" for name, m in med.items()]
+    lines = [
+        f"{n:,} fraud events on 4 partitions, the same data for every contender, default settings; medians of "
+        f"{len(runs['baseline-cpu'])} runs each, contenders round after round. GPU: {figures['gpu']}. "
+        f"{machine_line()}",
+        "",
+        "| contender | learned events/s (steady) | ratio to the CPU baseline | first step | GPU utilisation, peak |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"`baseline-*`: one process, confluent-kafka + the same decode + the same MLP step, on the CPU or with "
+        f"its model on CUDA. `gloo-N`: streamlearn, N Ray Train workers on CPUs (the default). `nccl-1`: "
+        f"`--use-gpu`, one worker, NCCL, model and batches on CUDA. NCCL against gloo, 1 worker: "
+        f"{figures['ratio_nccl_1_vs_gloo_1']:.2f}x.",
+        "",
+        f"Killed on the GPU between a checkpoint's publish and its offsets' commit (`{KILL}`), restarted from "
+        f"that checkpoint on the GPU: fault fired: {killed['fault_fired']}; exactly-once audit against a re-read "
+        f"of the topic {'passed' if audit['passed'] else 'FAILED'} (learned {audit['learned']:,} of "
+        f"{audit['produced']:,}; {', '.join(k for k, ok in audit['checks'].items() if not ok) or 'every check held'}).",
+    ]
+    write_section("gpu", "GPU path (NCCL, `--use-gpu`)", "\n".join(lines))
+
+
+def _gpu_name() -> str:
+    done = _smi("--query-gpu=name,driver_version")
+    return done.stdout.strip() if done else "none found"
+
+
+def _smi(query: str) -> subprocess.CompletedProcess | None:
+    """nvidia-smi's CSV answer to `query`; None where there is no nvidia-smi or it fails."""
+    try:
+        done = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done if done.returncode == 0 and done.stdout.strip() else None
+
+
+if __name__ == "__main__":
+    main()
