@@ -7,9 +7,10 @@ Contenders, one run each per round (as in ingest.py): the single-process baselin
 (ingest.py's loop) and the same loop with its model on CUDA; streamlearn with 1 and 2 gloo
 workers (the default) and 1 NCCL worker (`--use-gpu`; one GPU is one rank: NCCL refuses two ranks
 on one device). GPU use is sampled with nvidia-smi while each run lasts, so a run that silently
-trained on the CPU would show it. Then once: the GPU worker SIGKILLed right after a checkpoint is
-published and before its offsets are committed, its group restarted on the GPU from that
-checkpoint, and the run audited for exactly-once against a re-read of the topic.
+trained on the CPU would show it. First, once: the GPU worker SIGKILLed right after a checkpoint
+is published and before its offsets are committed, its group restarted on the GPU from that
+checkpoint, and the run audited for exactly-once against a re-read of the topic. The report is
+rewritten after every round, so a lease that ends early leaves the rounds it held.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import os
 import statistics
 import subprocess
 import threading
+import time
 from contextlib import contextmanager
 
 from load.bench.common import audit_exactly_once, machine_line, write_json, write_section
 from load.bench.ingest import TOPIC, alternating_rounds, baseline, median_run, pipeline_rate
 from streamlearn import faults
 from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.train.trainer import run_dir
+from streamlearn.train.trainer import run_dir, train
 
 KILL = "after_publish_before_commit@rank0#1"  # the first checkpoint durable, its offsets not committed
 
@@ -71,18 +73,20 @@ def run_one(bootstrap: str, events: int, home, name: str) -> dict:
     return result
 
 
-def killed_and_restored(bootstrap: str, events: int, home) -> dict:
-    """One NCCL run with an aimed kill between publish and commit; Ray Train restarts the group."""
-    os.environ[faults.ENV] = KILL
+def killed_and_restored(bootstrap: str, events: int, home, use_gpu: bool = True) -> dict:
+    """One NCCL run with an aimed kill between publish and commit; Ray Train restarts the group,
+    which restores the checkpoint onto the GPU. Audited against a re-read of the topic."""
+    name = f"bench-killed-{time.time_ns()}"
+    cfg = TrainConfig(topic=TOPIC, pipeline="fraud", workers=1, use_gpu=use_gpu, checkpoint_dir=str(home / name),
+                      run_name=name, group_id=name, max_events=events, max_failures=1)
+    os.environ[faults.ENV], sampled = KILL, {}
     try:
-        sampled: dict = {}
         with gpu_sampled(sampled):
-            run = pipeline_rate(bootstrap, events, home=home, workers=1, use_gpu=True, max_failures=1)
+            summary = train(cfg, KafkaSettings(bootstrap=bootstrap))
     finally:
         del os.environ[faults.ENV]
-    cfg = TrainConfig(topic=TOPIC, pipeline="fraud", checkpoint_dir=run["checkpoint_dir"], run_name=run["run_name"])
-    fired = faults.mark_of(run_dir(cfg), KILL).exists()
-    return {**run, **sampled, "fault": KILL, "fault_fired": fired,
+    return {"fault": KILL, "fault_fired": faults.mark_of(run_dir(cfg), KILL).exists(), **sampled,
+            "learned": summary["events_learned"], "seconds": summary["seconds"],
             "audit": audit_exactly_once(KafkaSettings(bootstrap=bootstrap), cfg, events)}
 
 
@@ -91,22 +95,27 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    extra: dict = {}
+    killed: dict = {}
 
-    def after_rounds(bootstrap: str, home) -> None:
-        extra["killed"] = killed_and_restored(bootstrap, args.events, home)
+    def first(bootstrap: str, home) -> None:  # the proof first: a lease may end before the rounds do
+        killed.update(killed_and_restored(bootstrap, args.events, home))
+        print(f"# killed and restored on the GPU: fault fired {killed['fault_fired']}, exactly-once audit "
+              f"{'passed' if killed['audit']['passed'] else 'FAILED'}", flush=True)
 
-    runs = alternating_rounds(args.events, args.runs, list(CONTENDERS), run_one, after=after_rounds)
-    report(args.events, runs, extra["killed"])
+    alternating_rounds(args.events, args.runs, list(CONTENDERS), run_one, first=first,
+                       each_round=lambda runs: report(args.events, runs, killed, args.runs))
 
 
-def report(n: int, runs: dict, killed: dict) -> None:
+def report(n: int, runs: dict, killed: dict, rounds: int) -> None:
+    """Written after every round: what a time limit leaves is the report of the rounds done."""
     base = statistics.median(r["steady_events_per_s"] for r in runs["baseline-cpu"])
     med = {name: median_run(rs) if not name.startswith("baseline") else
            {"steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in rs),
             "gpu_util_peak_pct": max(r["gpu_util_peak_pct"] for r in rs)} for name, rs in runs.items()}
     audit = killed["audit"]
-    figures = {"events": n, "gpu": _gpu_name(), "baseline_events_per_s": base,
+    done = len(runs["baseline-cpu"])
+    figures = {"events": n, "gpu": _gpu_name(), "rounds_done": done, "rounds_asked": rounds,
+               "baseline_events_per_s": base,
                **{f"{name}_events_per_s": m["steady_events_per_s"] for name, m in med.items()},
                **{f"ratio_{name}_vs_baseline_cpu": m["steady_events_per_s"] / base for name, m in med.items()},
                "ratio_nccl_1_vs_gloo_1": med["nccl-1"]["steady_events_per_s"] / med["gloo-1"]["steady_events_per_s"],
@@ -114,11 +123,12 @@ def report(n: int, runs: dict, killed: dict) -> None:
                "killed_restored_exactly_once": audit["passed"], "killed": killed, "runs": runs}
     write_json("gpu", figures)
     rows = [f"| {name} | {m['steady_events_per_s']:,.0f} | {m['steady_events_per_s'] / base:.2f} | "
-            f"{m.get('first_step_s', float('nan')):.1f} s | {m['gpu_util_peak_pct']} % |" for name, m in med.items()]
+            f"{_seconds(m.get('first_step_s'))} | {m['gpu_util_peak_pct']} % |"
+            for name, m in med.items()]
     lines = [
         f"{n:,} fraud events on 4 partitions, the same data for every contender, default settings; medians of "
-        f"{len(runs['baseline-cpu'])} runs each, contenders round after round. GPU: {figures['gpu']}. "
-        f"{machine_line()}",
+        f"{done} runs each ({done} of {rounds} rounds done when written), contenders round after round. "
+        f"GPU: {figures['gpu']}. {machine_line()}",
         "",
         "| contender | learned events/s (steady) | ratio to the CPU baseline | first step | GPU utilisation, peak |",
         "|---|---:|---:|---:|---:|",
@@ -135,6 +145,10 @@ def report(n: int, runs: dict, killed: dict) -> None:
         f"{audit['produced']:,}; {', '.join(k for k, ok in audit['checks'].items() if not ok) or 'every check held'}).",
     ]
     write_section("gpu", "GPU path (NCCL, `--use-gpu`)", "\n".join(lines))
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} s"
 
 
 def _gpu_name() -> str:

@@ -106,22 +106,25 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
             "checkpoint_dir": cfg.checkpoint_dir, "run_name": name}
 
 
-def alternating_rounds(events: int, rounds: int, contenders: list, run_one, after=None) -> dict:
+def alternating_rounds(events: int, rounds: int, contenders: list, run_one, first=None, each_round=None) -> dict:
     """The fraud topic produced once, then `run_one(bootstrap, events, home, contender)` for every
     contender once per round, round after round (this machine's speed drifts within minutes: a
-    contender's runs in a block would turn that drift into ratios), then `after(bootstrap, home)`
-    on the same broker and Ray. Runs by contender."""
+    contender's runs in a block would turn that drift into ratios). `first(bootstrap, home)` runs
+    before the rounds on the same broker and Ray, `each_round(runs so far)` after each (a report
+    that a time limit cannot take away). Runs by contender."""
     import ray
 
     with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
         run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=events, seed=11)
         start_bench_ray()
+        if first:
+            first(broker.bootstrap, home)
         runs: dict = {contender: [] for contender in contenders}
         for _ in range(rounds):
             for contender in contenders:
                 runs[contender].append(run_one(broker.bootstrap, events, home, contender))
-        if after:
-            after(broker.bootstrap, home)
+            if each_round:
+                each_round(runs)
         ray.shutdown()
     return runs
 
