@@ -63,19 +63,17 @@ def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, 
     assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
     meta = assert_exactly_once(kafka_settings, cfg)
     assert summary["lineage_learned"] == meta["counters"]["learned"]
+    failures = read_jsonl(run_dir(cfg) / "failures.jsonl")
+    messages = [f"rank {f['rank']} {f['error']}: {f['message'][:600]}" for f in failures]  # so a surprise names itself
     if fault.startswith("ray_data_slice_lost"):  # called lost by rank 0, not left to the stall limit
         # Rank 0 called the aimed loss first. A fresh-clone CI run (2026-11-27) had a second
         # failure, in the restarted group, 56 s after the first (a restart plus a lost call; its
         # message was not kept): Ray Data's own rare loss of a new Dataset's first slices
         # (DECISIONS §1) fits. Any later one must be a diagnosed restart too, and the run above
-        # still ended exactly once; the messages are printed so the next one names itself.
-        failures = read_jsonl(run_dir(cfg) / "failures.jsonl")
-        messages = [f"rank {f['rank']} {f['error']}: {f['message'][:600]}" for f in failures]
+        # still ended exactly once.
         assert failures and "Ray Data lost its slices" in failures[0]["message"], messages
         assert all((f["rank"], f["error"]) == (0, "IngestError") for f in failures), messages
     if fault.startswith("ray_data_lane_dies"):
-        failures = read_jsonl(run_dir(cfg) / "failures.jsonl")
-        messages = [f"rank {f['rank']} {f['error']}: {f['message'][:600]}" for f in failures]
         killed = faults.mark_of(run_dir(cfg), fault).stat().st_mtime
         assert failures and all("Ray Data stream failed" in f["message"] for f in failures), messages
         assert failures[0]["t"] - killed < LOST_S / 2, (failures[0]["t"] - killed, messages)
