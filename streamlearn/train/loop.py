@@ -86,6 +86,8 @@ def train_loop_per_worker(config: dict) -> None:
         if restored[1]:
             optimizer.load_state_dict(restored[1])
     lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
+    if restored and rank == 0:
+        _complete_restored(cfg, stream, restored[2])
     startup.mark("restored")
     stream.start(lineage.dlq_positions, restored[3] if restored else None)
     startup.mark("stream_started")
@@ -272,11 +274,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     version, totals = lineage.version, dict(vars(lineage.totals))
 
     def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
-        _append_row(cfg, "history", {"version": version, "t": meta["written_at"], "workers": meta["workers"],
-                              **{k: totals[k] for k in ("learned", "dead_lettered", "steps")},
-                              "train_loss": metrics["train_loss"], "phases_s": metrics["phases_s"],
-                              **{k: metrics[k] for k in ("join", "drift") if k in metrics},
-                              **(extra or {}), **metrics["online"]})
+        _append_row(cfg, "history", _history_row(meta))
         record_checkpoint(pipeline.name, version, metrics["train_loss"], metrics["online"], meta["written_at"])
         if "join" in metrics:  # expiry is counted and shown, never silent
             record_join(pipeline.name, meta["join"]["pending"], metrics["join"]["expired"])
@@ -332,6 +330,47 @@ def _stream_class(cfg: TrainConfig, gen: int):
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if hasattr(model, "module") else model
+
+
+def _history_row(meta: dict) -> dict:
+    """A checkpoint's row of history.jsonl, from its meta: counters, loss, phases, join and drift,
+    start-up marks where the group had them, and the online metrics flattened."""
+    metrics = meta["metrics"]
+    return {"version": meta["version"], "t": meta["written_at"], "workers": meta.get("workers"),
+            **{k: meta["counters"][k] for k in ("learned", "dead_lettered", "steps")},
+            **{k: v for k, v in metrics.items() if k not in _NOT_IN_HISTORY}, **metrics["online"]}
+
+
+_NOT_IN_HISTORY = ("version", "learned", "dead_lettered", "steps", "online", "ingest")
+
+
+def _complete_restored(cfg: TrainConfig, stream: Stream, meta: dict) -> None:
+    """Rank 0, restoring: a group killed between a checkpoint's publish and its commit (the aimed
+    fault `after_publish_before_commit`) left the consumer group's offsets and the checkpoint's
+    history row behind it, and with nothing left to learn no later checkpoint would bring them
+    level. The checkpoint is durable, so committing its offsets again is always right."""
+    stream.reader.commit({int(p): o for p, o in meta["offsets"].items()})
+    if "metrics" in meta and meta["version"] not in _recent_versions(_run_dir(cfg) / "history.jsonl"):
+        _append_row(cfg, "history", _history_row(meta))
+
+
+def _recent_versions(path: Path, tail_bytes: int = 65_536) -> set[int]:
+    """Versions in the last rows of a history file (rows are appended in version order; a long
+    run's file is read from its end, not whole)."""
+    try:
+        with open(path, "rb") as f:
+            start = max(0, f.seek(0, 2) - tail_bytes)
+            f.seek(start)
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return set()
+    versions = set()
+    for line in lines[1:] if start else lines:  # a read from mid-file starts mid-line
+        try:
+            versions.add(json.loads(line)["version"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line
+    return versions
 
 
 def _append_row(cfg: TrainConfig, name: str, row: dict) -> None:

@@ -79,6 +79,24 @@ def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, 
         assert failures[0]["t"] - killed < LOST_S / 2, (failures[0]["t"] - killed, messages)
 
 
+@pytest.mark.timeout(600)
+def test_a_kill_after_the_last_publish_is_completed_by_the_restore(kafka, kafka_settings, ray_cluster, topic,
+                                                                  tmp_path, monkeypatch):
+    """The run's last checkpoint durable, its offsets not committed, nothing left to learn: no
+    later checkpoint will commit them, so the restarted group must (and write the checkpoint's
+    history row, which the killed writer never did). Found by load/bench/gpu.py's kill check on
+    a short run: the consumer group stayed a whole run behind its checkpoint."""
+    run_load(kafka.bootstrap, topic, partitions=4, count=4000, bad_fraction=0.03, seed=37)
+    fault = "after_publish_before_commit@rank0#1"
+    cfg = config(tmp_path, topic, workers=1, window_events=1000, checkpoint_every_steps=100_000,
+                 checkpoint_every_s=3600.0, max_events=4000, max_failures=1)
+    monkeypatch.setenv("STREAMLEARN_FAULT", fault)
+    train(cfg, kafka_settings)
+    assert faults.mark_of(run_dir(cfg), fault).exists(), "the kill never fired"
+    meta = assert_exactly_once(kafka_settings, cfg)  # the consumer group's offsets == the checkpoint's among them
+    assert [row["version"] for row in read_jsonl(run_dir(cfg) / "history.jsonl")] == [meta["version"]]
+
+
 @pytest.mark.timeout(900)
 def test_exactly_once_when_both_groups_of_a_warm_handover_die(kafka, kafka_settings, ray_cluster, topic, tmp_path,
                                                             monkeypatch):
