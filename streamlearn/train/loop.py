@@ -31,6 +31,7 @@ from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream, feat
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
+from streamlearn.observe.runfiles import read_last_jsonl
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, await_handover, broadcast, exchange
@@ -350,27 +351,9 @@ def _complete_restored(cfg: TrainConfig, stream: Stream, meta: dict) -> None:
     history row behind it, and with nothing left to learn no later checkpoint would bring them
     level. The checkpoint is durable, so committing its offsets again is always right."""
     stream.reader.commit({int(p): o for p, o in meta["offsets"].items()})
-    if "metrics" in meta and meta["version"] not in _recent_versions(_run_dir(cfg) / "history.jsonl"):
+    newest = read_last_jsonl(_run_dir(cfg) / "history.jsonl") or {}  # rows come in version order
+    if "metrics" in meta and newest.get("version", 0) < meta["version"]:
         _append_row(cfg, "history", _history_row(meta))
-
-
-def _recent_versions(path: Path, tail_bytes: int = 65_536) -> set[int]:
-    """Versions in the last rows of a history file (rows are appended in version order; a long
-    run's file is read from its end, not whole)."""
-    try:
-        with open(path, "rb") as f:
-            start = max(0, f.seek(0, 2) - tail_bytes)
-            f.seek(start)
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return set()
-    versions = set()
-    for line in lines[1:] if start else lines:  # a read from mid-file starts mid-line
-        try:
-            versions.add(json.loads(line)["version"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line
-    return versions
 
 
 def _append_row(cfg: TrainConfig, name: str, row: dict) -> None:
