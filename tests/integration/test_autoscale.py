@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from load.generator import run_load
+from streamlearn.cluster import cluster_processes
 from streamlearn.config import REPO_ROOT
 from streamlearn.train import checkpoint as ckpt
 
@@ -87,6 +88,12 @@ def _constant(rate: float):
 def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka, kafka_settings, topic, cluster,
                                                                           tmp_path):
     env = {**os.environ, **cluster}
+    # The autoscaler looks at demand every second, not Ray's 5 (streamlearn/cluster.py): a resize
+    # waits for that look from the policy's decision on.
+    port = int(cluster["RAY_ADDRESS"].rsplit(":", 1)[1])
+    monitor = [p for p in cluster_processes(port) if any(a.endswith("autoscaler/_private/monitor.py")
+                                                          for a in p.cmdline())]
+    assert [m.environ().get("AUTOSCALER_UPDATE_INTERVAL_S") for m in monitor] == ["1"], monitor
     checkpoints = tmp_path / "ckpt"
     train = subprocess.Popen(
         [sys.executable, "-m", "streamlearn.cli", "train", "--pipeline", "fraud_heavy",
@@ -143,7 +150,7 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
     print("resizes", json.dumps(resizes), "nodes", nodes_seen)
 
     # Exactly once across every resize: counts and the fingerprint of every learned event.
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = _last_json(out, "train's summary", (tmp_path / "train.log").read_text())
     expected = expected_learning(read_topic(kafka_settings, topic))
     meta = ckpt.read_meta(ckpt.newest(run))
     assert summary["events_learned"] == expected["learned"]
@@ -165,9 +172,20 @@ def _wait(ready, timeout_s: float, what: str, train: subprocess.Popen, run: Path
 def _node_count(env: dict, seen: list, phase: str) -> int:
     done = subprocess.run([sys.executable, "-c", NODES], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _last_json(done.stdout, "the node poll", done.stderr)
     seen.append((phase, found["nodes"], found["worker_node_actors"]))
     return found["nodes"]
+
+
+def _last_json(stdout: str, what: str, stderr: str) -> dict:
+    """The JSON object a process printed last; a failure says what it printed instead (a bare
+    JSONDecodeError ended one run of this test, 2026-11-27, without saying whose output)."""
+    lines = stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise AssertionError(f"{what} printed no JSON last: stdout {stdout[-1500:]!r}; "
+                             f"stderr {stderr[-2500:]!r}") from None
 
 
 def _rows(path: Path) -> list[dict]:
