@@ -149,7 +149,9 @@ def main() -> None:
     args = parser.parse_args()
     with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
         if args.skip_throughput:
-            rates = json.loads((REPO_ROOT / "docs/bench/scaling.json").read_text())["throughput"]
+            kept = json.loads((REPO_ROOT / "docs/bench/scaling.json").read_text())
+            # The rows keep the machine line of the run that measured them, not this one's.
+            rates = {**kept["throughput"], "machine": kept["throughput"].get("machine", kept["machine"])}
         else:
             run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
             rates = throughput(broker.bootstrap, args.events, home)
@@ -167,7 +169,8 @@ def _throughput_lines(n: int, rates: dict) -> list[str]:
     base = rates["baseline_events_per_s"]
     runs = {int(k): v for k, v in rates["runs"].items()}
     return [
-        f"{machine_line()} Every worker here shares the same 2 cores: more workers cannot add compute on this "
+        f"{machine_line(rates.get('machine'))} Every worker here shares the same 2 cores: more workers cannot add "
+        "compute on this "
         "machine, so these rows show the cost of coordination, not a cluster's scaling.",
         "",
         f"Learned events/s per worker count ({n:,} fraud events, 4 partitions, same topic, same run):",
@@ -214,6 +217,8 @@ def report(n: int, rates: dict, spike: dict, model: list[dict]) -> None:
     lines = [
         *_throughput_lines(n, rates),
         "",
+        *([f"The spike below ran apart from the rows above (`--skip-throughput`): {machine_line()}", ""]
+          if "machine" in rates else []),
         f"Reaction to a spike on the local autoscaling cluster (`--pipeline {HEAVY}`, trickle 300/s, "
         f"{spike['peak_events_per_s']:,.0f}/s "
         "for 10 s, trickle; min 1, max 3 workers, up cool-down 5 s, down cool-down 20 s, target drain 15 s, "
