@@ -24,6 +24,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["t"])
 
 
+def append_jsonl(path: Path, row: dict) -> None:
+    """One row at the end of a JSON-lines file, in one write (readers skip a half-written line)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+
+
 def read_last_jsonl(path: Path, tail_bytes: int = 65536) -> dict | None:
     """The newest complete row of a JSON-lines file (reading only its end), or None."""
     try:

@@ -46,7 +46,8 @@ def render(snapshot: dict | None, model: dict | None, *, now: float, run_name: s
     """The whole screen. `problems` says why a source is None: {"controller": ..., "scorer": ...};
     `ray` (Sources.ray_access) is None when not connected to Ray, and its part is then left out;
     `served` is the evaluator's newest row (None: no evaluator has written one); `failure` the
-    newest group failure a worker diagnosed (failures.jsonl; None: none)."""
+    newest group failure, diagnosed by a worker or a worker's death seen by Ray Train's controller
+    (failures.jsonl; None: none)."""
     problems = problems or {}
     title = Text.assemble(("streamlearn status", "bold"), f"  run {run_name or (snapshot or {}).get('run_name', '?')}",
                           f"  {time.strftime('%H:%M:%S', time.localtime(now))}")

@@ -10,7 +10,6 @@ group only after `ray.train.report` has persisted the checkpoint.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import sys
 import time
@@ -31,7 +30,7 @@ from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream, feat
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
-from streamlearn.observe.runfiles import read_last_jsonl
+from streamlearn.observe.runfiles import append_jsonl, read_last_jsonl
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, await_handover, broadcast, exchange
@@ -359,9 +358,9 @@ def _complete_restored(cfg: TrainConfig, stream: Stream, meta: dict) -> None:
 def _append_row(cfg: TrainConfig, name: str, row: dict) -> None:
     """One JSON line in <run dir>/<name>.jsonl: history (one per checkpoint, the curves `streamlearn
     report` draws) and failures (one per group failure a worker diagnosed; `streamlearn status`
-    shows the newest: Ray Train restarts the group, and its own record of why is a worker's log)."""
-    with open(_run_dir(cfg) / f"{name}.jsonl", "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
+    shows the newest: Ray Train restarts the group; a worker that died without a word gets its
+    row from Ray Train's controller, train/failures.py)."""
+    append_jsonl(_run_dir(cfg) / f"{name}.jsonl", row)
 
 
 def _restore(cfg: TrainConfig, rank: int) -> tuple[dict, dict | None, dict, dict, Path] | None:

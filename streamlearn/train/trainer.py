@@ -33,6 +33,7 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
     import ray.train
     from ray.train.torch import TorchConfig
 
+    from streamlearn.train.failures import DeathRecord
     from streamlearn.train.loop import train_loop_per_worker
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
@@ -50,6 +51,7 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
             name=cfg.run_name,
             storage_path=str(Path(cfg.checkpoint_dir).resolve() / ".ray-train"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
+            callbacks=[DeathRecord(run_dir(cfg).resolve(), gen)],  # the controller has a cwd of its own
         ),
     )
 

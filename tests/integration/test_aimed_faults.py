@@ -65,6 +65,10 @@ def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, 
     assert summary["lineage_learned"] == meta["counters"]["learned"]
     failures = read_jsonl(run_dir(cfg) / "failures.jsonl")
     messages = [f"rank {f['rank']} {f['error']}: {f['message'][:600]}" for f in failures]  # so a surprise names itself
+    if not fault.startswith("ray_data"):  # a SIGKILL: the dead worker's row comes from Ray Train's controller
+        rank = int(fault.split("@rank")[1].split("#")[0])
+        deaths = [(f["rank"], f["error"]) for f in failures if f["error"].startswith("WorkerHealthCheck")]
+        assert deaths == [(rank, "WorkerHealthCheckFailedError")], messages
     if fault.startswith("ray_data_slice_lost"):  # called lost by rank 0, not left to the stall limit
         # Rank 0 called the aimed loss first. A fresh-clone CI run (2026-11-27) had a second
         # failure, in the restarted group, 56 s after the first (a restart plus a lost call; its
@@ -95,6 +99,9 @@ def test_a_kill_after_the_last_publish_is_completed_by_the_restore(kafka, kafka_
     assert faults.mark_of(run_dir(cfg), fault).exists(), "the kill never fired"
     meta = assert_exactly_once(kafka_settings, cfg)  # the consumer group's offsets == the checkpoint's among them
     assert [row["version"] for row in read_jsonl(run_dir(cfg) / "history.jsonl")] == [meta["version"]]
+    # The kill left its row, with the version it killed (train/failures.py): the worker itself wrote none.
+    died = [(f["rank"], f["error"], f["version"]) for f in read_jsonl(run_dir(cfg) / "failures.jsonl")]
+    assert died == [(0, "WorkerHealthCheckFailedError", meta["version"])], died
 
 
 @pytest.mark.timeout(900)
