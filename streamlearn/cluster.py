@@ -128,9 +128,8 @@ def up(spec: ClusterSpec) -> LocalCluster:
     from streamlearn.serve.ingress import with_ingress  # here: the serve package imports torch
 
     # Serve's HAProxy ingress on loopback too (streamlearn/serve/ingress.py): Ray's processes read it at start.
-    env = with_ingress({**os.environ, **client_env(port), "RAY_FAKE_CLUSTER": "1",
-                        "AUTOSCALER_UPDATE_INTERVAL_S": os.environ.get("AUTOSCALER_UPDATE_INTERVAL_S",
-                                                                       AUTOSCALER_UPDATE_S)}, _temp_dir(port))
+    env = with_ingress({"AUTOSCALER_UPDATE_INTERVAL_S": AUTOSCALER_UPDATE_S, **os.environ, **client_env(port),
+                        "RAY_FAKE_CLUSTER": "1"}, _temp_dir(port))  # the environment's interval wins
     for attempt in range(3):
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
         if done.returncode == 0:

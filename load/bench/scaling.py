@@ -169,9 +169,8 @@ def _throughput_lines(n: int, rates: dict) -> list[str]:
     base = rates["baseline_events_per_s"]
     runs = {int(k): v for k, v in rates["runs"].items()}
     return [
-        f"{machine_line(rates.get('machine'))} Every worker here shares the same 2 cores: more workers cannot add "
-        "compute on this "
-        "machine, so these rows show the cost of coordination, not a cluster's scaling.",
+        f"{machine_line(rates.get('machine'))} Every worker here shares the same 2 cores: more workers cannot "
+        "add compute on this machine, so these rows show the cost of coordination, not a cluster's scaling.",
         "",
         f"Learned events/s per worker count ({n:,} fraud events, 4 partitions, same topic, same run):",
         "",
