@@ -1,7 +1,7 @@
 """Sustained learned events/s: the whole pipeline against a hand-rolled single-process loop, in
 the same run on the same data, for both ingest modes.
 
-    python -m load.bench.ingest [--events 200000] [--runs 3]
+    python -m load.bench.ingest [--events 200000] [--runs 3] [--only direct-2,delayed-2]
 
 Baseline: one process consumes with confluent-kafka, decodes with the same schema code,
 featurizes and runs the same model step (batch 256) in one loop, the bar set by DESIGN.md;
@@ -137,9 +137,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", default="", help="comma-separated contenders (direct-1, delayed-2, ...): "
+                        "their medians and ratios printed, docs/bench and BENCHMARKS.md left as they are "
+                        "(a lent machine's lease holds ~18 runs)")
     args = parser.parse_args()
     import ray
 
+    contenders = {"direct-1": {"workers": 1}, "direct-2": {"workers": 2},
+                  "ray-data-2": {"workers": 2, "ingest": "ray-data"},
+                  "delayed-1": {"workers": 1, "topic": DELAYED, "pipeline": "fraud_delayed"},
+                  "delayed-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed"},
+                  "delayed-ray-data-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed",
+                                         "ingest": "ray-data"}}
+    only = [name for name in args.only.split(",") if name]
+    if unknown := set(only) - set(contenders):
+        raise SystemExit(f"--only: unknown contenders {sorted(unknown)}; known: {', '.join(contenders)}")
+    contenders = {name: kwargs for name, kwargs in contenders.items() if not only or name in only}
     topics = {TOPIC: PARTITIONS, DELAYED: PARTITIONS, f"{DELAYED}.labels": PARTITIONS}
     with bench_broker(topics) as (home, broker, _settings):
         run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
@@ -151,12 +164,6 @@ def main() -> None:
             with heap.quiet_while_streaming():
                 base_quiet.append(baseline(broker.bootstrap, args.events))
         start_bench_ray()
-        contenders = {"direct-1": {"workers": 1}, "direct-2": {"workers": 2},
-                      "ray-data-2": {"workers": 2, "ingest": "ray-data"},
-                      "delayed-1": {"workers": 1, "topic": DELAYED, "pipeline": "fraud_delayed"},
-                      "delayed-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed"},
-                      "delayed-ray-data-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed",
-                                             "ingest": "ray-data"}}
         # Round after round, every contender once per round, not each contender's runs in a block:
         # this machine's speed drifts by tens of percent within minutes, and blocks turned that
         # drift into ratios (Ray Data against direct, same code and hour: 0.95x alternating,
@@ -166,8 +173,18 @@ def main() -> None:
             for name, kwargs in contenders.items():
                 done[name].append(pipeline_rate(broker.bootstrap, args.events, home=home, **kwargs))
         ray.shutdown()
+    if only:
+        print(json.dumps({"baseline_events_per_s": statistics.median(base), "machine": machine_line(),
+                          **{name: _partial(runs, statistics.median(base)) for name, runs in done.items()}}))
+        return
     report(args.events, base, base_quiet, {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"],
            {1: done["delayed-1"], 2: done["delayed-2"]}, done["delayed-ray-data-2"])
+
+
+def _partial(runs: list[dict], base: float) -> dict:
+    m = median_run(runs)
+    return {"steady_events_per_s": m["steady_events_per_s"], "ratio_to_baseline": m["steady_events_per_s"] / base,
+            "first_step_s": m["first_step_s"], "steady_runs": [r["steady_events_per_s"] for r in runs]}
 
 
 def median_run(runs: list[dict]) -> dict:
