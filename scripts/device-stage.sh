@@ -3,9 +3,9 @@
 # machine: Python 3.12 and torch with CUDA in its image, no Ray, Kafka client or Java).
 # DECISIONS §22 says why each step is here.
 #
-#   scripts/device-stage.sh build HELD   # here, after `make setup`: .dev/ (~62 MB; .dev is git-ignored)
+#   scripts/device-stage.sh build HELD   # here, after `make setup`: .dev/ (~64 MB; .dev is git-ignored)
 #   scripts/device-stage.sh run          # there, in the repo root, with .dev carried: stage, then bench
-#   BENCH="load.bench.scaling --skip-throughput" scripts/device-stage.sh run   # another benchmark there
+#   BENCH="load.bench.ingest --only direct-2,delayed-2" scripts/device-stage.sh run   # another benchmark
 #
 # HELD: a file of the package names the target image already holds (one per line, or comma
 # separated); they are not carried, nor are SKIP's (what a benchmark never imports). PINS
@@ -97,8 +97,8 @@ run() {
     chmod +x "$ray_cli"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import torch, ray.train.torch, confluent_kafka, load.bench.gpu; print(torch.__version__, ray.__version__)"
-    # Ray's logs come back with $OUT: a run that hangs says why there (2026-11-27: one did, and
-    # the lease ended with nothing to read).
+    # Ray's logs come back with $OUT: a run that outlasts the call says why there (2026-11-27: one
+    # did, and the lease ended with nothing to read).
     trap '[ -n "${OUT:-}" ] && find /tmp/ray/session_* -path "*/logs/*" -type f -size -4M 2>/dev/null \
         | tar czf "$OUT/ray-logs.tar.gz" -T - 2>/dev/null' EXIT
     # shellcheck disable=SC2086  # BENCH is a module and its arguments
