@@ -50,7 +50,7 @@ PY
     for wheel in "$work"/wheels/*.whl; do unzip -q -o "$wheel" -d "$work/site"; done
     # Ray without what a benchmark never loads; its three large binaries without symbols.
     # The runtime-env agent's own copy of aiohttp and its kin goes too: ray[default] carries them
-    # top-level, where the agent finds them (7 MB of 64).
+    # top-level, where the agent finds them (12 MB unpacked).
     rm -rf "$work"/site/ray/{jars,rllib,llm} "$work/site/ray/dashboard/client/build" \
         "$work/site/ray/_private/runtime_env/agent/thirdparty_files"
     strip --strip-unneeded "$work/site/ray/_raylet.so" "$work/site/ray/core/src/ray/raylet/raylet" \

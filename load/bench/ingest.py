@@ -86,7 +86,7 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
     cfg = TrainConfig(topic=topic, pipeline=pipeline, workers=workers, ingest=ingest, checkpoint_dir=str(home / name),
                       run_name=name, group_id=name, max_events=n, drift=drift, **{"max_failures": 0, **overrides})
     started = time.time()
-    # One line a run on stderr: a run that hangs (a lent machine's time runs out) is then named.
+    # One line a run on stderr: a run that outlasts a lent machine's call is then named.
     print(f"bench: {name} ({workers} workers) started", file=sys.stderr, flush=True)
     summary = train(cfg, KafkaSettings(bootstrap=bootstrap), started_at=started)
     total_s = time.time() - started
@@ -174,8 +174,9 @@ def main() -> None:
                 done[name].append(pipeline_rate(broker.bootstrap, args.events, home=home, **kwargs))
         ray.shutdown()
     if only:
-        print(json.dumps({"baseline_events_per_s": statistics.median(base), "machine": machine_line(),
-                          **{name: _partial(runs, statistics.median(base)) for name, runs in done.items()}}))
+        median_base = statistics.median(base)
+        print(json.dumps({"baseline_events_per_s": median_base, "machine": machine_line(),
+                          **{name: _partial(runs, median_base) for name, runs in done.items()}}))
         return
     report(args.events, base, base_quiet, {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"],
            {1: done["delayed-1"], 2: done["delayed-2"]}, done["delayed-ray-data-2"])
