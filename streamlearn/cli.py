@@ -135,6 +135,8 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
           timeline: str = typer.Option("", help="Write a Chrome trace per rank to PATH.rankN.json."),
           seed: int = 0,
           drift: bool = typer.Option(True, help="Rank 0's drift detectors (alarms in logs, metrics, history)."),
+          warm_pool: bool = typer.Option(True, help="Autoscale: start a resize's Ray processes ahead of it, "
+                                                    "imports done, while the autoscaler adds room."),
           min_workers: int | None = typer.Option(None, help="Autoscale: fewest workers (default: --workers)."),
           max_workers: int | None = typer.Option(None, help="Autoscale: most workers (default: --workers)."),
           up_cooldown: float = typer.Option(15.0, help="Autoscale: seconds the need must stay high to add."),
@@ -155,7 +157,7 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
                       cpus_per_worker=cpus_per_worker, batch_size=batch_size, checkpoint_dir=checkpoint_dir,
                       checkpoint_every_s=checkpoint_every_s, checkpoint_every_steps=checkpoint_every_steps,
                       keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,
-                      until_idle_s=until_idle, seed=seed, drift=drift,
+                      until_idle_s=until_idle, seed=seed, drift=drift, warm_pool=warm_pool,
                       timeline=str(Path(timeline).resolve()) if timeline else "")
     scaling = ScalingPolicy(min_workers=min_workers or workers, max_workers=max_workers or workers,
                             up_cooldown_s=up_cooldown, down_cooldown_s=down_cooldown, target_drain_s=target_drain,

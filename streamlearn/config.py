@@ -114,6 +114,7 @@ class TrainConfig:
     max_failures: int = 5  # worker crashes Ray Train recovers from before giving up
     metric_window: int = 5000  # prequential metrics over the last N events per rank
     drift: bool = True  # rank 0's drift detectors (train/drift.py); off saves ~0.6 us an event on rank 0
+    warm_pool: bool = True  # start a resize's processes ahead of it, imports done (autoscale/warmpool.py)
     seed: int = 0
     timeline: str = ""  # opt-in Chrome-trace file of where each rank spends its time
 

@@ -33,6 +33,7 @@ import ray
 from streamlearn import metrics
 from streamlearn.autoscale.handover import Resizer
 from streamlearn.autoscale.policy import Observation, ScalingPolicy, State, decide
+from streamlearn.autoscale.warmpool import WarmPool
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
@@ -117,6 +118,7 @@ class ScaleController:
         self._told_to_stop = False  # the running group's rank 0 has been told to stop for a resize
         self.learning = False  # whether the running group has taken its first step
         self.resizes: deque[dict[str, Any]] = deque(maxlen=20)
+        self.pool = WarmPool(cfg.cpus_per_worker, self.pipeline) if cfg.warm_pool else None
         self._snapshot: dict[str, Any] = {}
         self._prev: tuple[float, int, int] | None = None  # (t, produced, learned) of the last sample
         self._stop = threading.Event()
@@ -138,6 +140,13 @@ class ScaleController:
             record = self.resizer.first_step(step_t)
             if record:
                 self._finish_resize(record)
+
+    def learn_env(self, role: str, env: str, node_id: str | None = None) -> None:
+        """A group's rank 0 (role "worker") and Ray Train's controller ("controller"): the runtime
+        env its processes run in, which the warm pool starts the next group's processes in."""
+        with self._lock:
+            if self.pool is not None:
+                self.pool.learn(role, env, node_id)
 
     def resize_due(self) -> int | None:
         """The running group's rank 0 polls this: a worker count to stop for now, or None."""
@@ -249,6 +258,7 @@ class ScaleController:
             log("scale_decision", pipeline=self.pipeline, desired=decision.desired, running=self.group,
                 reason=decision.reason)
         self.target, self.reason = decision.desired, decision.reason
+        self._warm_pool()
         self._begin_resize()
         # Again each sample: the ask expires, and must follow the target.
         self._provision(self.target)
@@ -268,6 +278,17 @@ class ScaleController:
                                       room_after=self._room(more * per, more * gpu))
         if began is not None:
             log("resize_begins", pipeline=self.pipeline, **began.describe())
+            self._warm_pool()  # room came: the nodes it is on can start the new group's workers now
+
+    def _warm_pool(self) -> None:
+        """While a resize is wanted, have the next group's processes started ahead of it
+        (autoscale/warmpool.py); forget what was started once none is."""
+        if self.pool is None:
+            return
+        if self.target != self.group:
+            self.pool.prepare(self.target)
+        elif self.resizer.current is None:
+            self.pool.reset()
 
     def _make_snapshot(self, now: float, obs: Observation, lag: dict[int, int], learned: int) -> dict[str, Any]:
         newest = ckpt.newest(self.run_dir)
@@ -320,6 +341,9 @@ class ScaleController:
         return free.get("CPU", 0) + 1e-9 >= cpus and free.get("GPU", 0) >= gpus
 
     def _finish_resize(self, record: dict[str, Any]) -> None:
+        if self.pool is not None:
+            record["prestarted"] = sum(self.pool.sent.values())
+            self.pool.reset()
         self.resizes.append(record)
         self._provision(self.group)  # the new group's own request covers it now
         self._append("resizes.jsonl", record)

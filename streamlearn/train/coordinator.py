@@ -172,6 +172,8 @@ class Coordinator:
         autoscaler, and a run's last window waited 0.3-1.3 s on it (profiled)."""
         if self.controller is None or not window.size and not window.stop:
             return
+        if not self._learned:  # the group's first window: a resize's warm pool starts workers in this env
+            self.controller.learn_env.remote("worker", ray.get_runtime_context().get_runtime_env_string())
         self._learned += window.size
         ref = self.controller.progress.remote(self._learned, self.world, time.time())
         if window.stop and self.resize_to is not None:

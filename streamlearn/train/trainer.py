@@ -35,6 +35,7 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
 
     from streamlearn.train.failures import DeathRecord
     from streamlearn.train.loop import train_loop_per_worker
+    from streamlearn.train.preload import WORKER_RUNTIME_ENV, EnvReport
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     return _trainer_class()(
@@ -51,7 +52,11 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
             name=cfg.run_name,
             storage_path=str(Path(cfg.checkpoint_dir).resolve() / ".ray-train"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
-            callbacks=[DeathRecord(run_dir(cfg).resolve(), gen)],  # the controller has a cwd of its own
+            callbacks=[DeathRecord(run_dir(cfg).resolve(), gen),  # the controller has a cwd of its own
+                       *([EnvReport(controller)] if cfg.warm_pool else [])],
+            # Workers import torch and the loop as they start: in a process a resize's warm pool
+            # started, that happens before the group asks for it (train/preload.py).
+            worker_runtime_env=WORKER_RUNTIME_ENV if cfg.warm_pool else None,
         ),
     )
 

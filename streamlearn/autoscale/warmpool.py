@@ -1,0 +1,110 @@
+"""Ray worker processes started ahead of a resize, in the runtime envs its actors will ask for.
+
+A new group's start was mostly processes starting and importing (DECISIONS §17): Ray Train's
+controller and its helpers on the driver's node, a worker per bundle. Ray gives an idle process
+to a new actor when both were started in the same runtime env (train/preload.py), so when a
+resize is wanted the scale controller asks the raylets to start them now: the controller's
+family on its node while the autoscaler adds room, and a worker on each node with a free
+worker's room, where the new group's placement group will go. The workers import torch and the
+loop while they wait. A process nobody takes is stopped by its raylet after KEEP_ALIVE_S.
+
+Through the raylet's PrestartWorkers RPC (Ray 2.60 has no Python API for it): internal, pinned
+with Ray, and never on the path of a resize: a failed request is logged and the resize goes
+on as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamlearn.logs import log
+
+# Ray Train 2.60 starts these in the controller's env for every group: the TrainController, its
+# SynchronizationActor and PlacementGroupCleaner (we turn off the DatasetManager and the
+# preemption watcher: train/trainer.py).
+CONTROLLER_FAMILY = 3
+KEEP_ALIVE_S = 180  # longer than a resize's wait for room (--warm-wait, 60 s by default) and its start
+
+
+@dataclass(frozen=True)
+class Prestart:
+    node_id: str
+    role: str  # "controller" or "worker": whose runtime env
+    count: int
+
+
+def plan(envs: dict[str, str], controller_node: str | None, free_cpus: dict[str, float], workers: int,
+         cpus_per_worker: float, sent: dict[tuple[str, str], int]) -> list[Prestart]:
+    """What to start now for a resize to `workers`, given what this resize started already
+    (`sent`, by node and role): the controller's family once on its node, and a worker for
+    each worker's room free on a node, `workers` at most in all."""
+    out = []
+    if "controller" in envs and controller_node and (controller_node, "controller") not in sent:
+        out.append(Prestart(controller_node, "controller", CONTROLLER_FAMILY))
+    if "worker" in envs:
+        left = workers - sum(n for (_, role), n in sent.items() if role == "worker")
+        for node, free in sorted(free_cpus.items(), key=lambda kv: -kv[1]):
+            room = int(free / cpus_per_worker + 1e-9) - sent.get((node, "worker"), 0)
+            if left <= 0:
+                break
+            if room > 0:
+                out.append(Prestart(node, "worker", min(room, left)))
+                left -= min(room, left)
+    return out
+
+
+class WarmPool:
+    """Lives in the scale controller (autoscale/controller.py), which calls `prepare` while a
+    resize is wanted and `reset` when it is over."""
+
+    def __init__(self, cpus_per_worker: float, pipeline: str):
+        self.cpus_per_worker, self.pipeline = cpus_per_worker, pipeline
+        self.envs: dict[str, str] = {}
+        self.controller_node: str | None = None
+        self.sent: dict[tuple[str, str], int] = {}
+        self.started = 0  # processes asked for over the run (a figure for resizes.jsonl)
+
+    def learn(self, role: str, env: str, node_id: str | None = None) -> None:
+        self.envs[role] = env
+        if role == "controller":
+            self.controller_node = node_id
+
+    def prepare(self, workers: int) -> None:
+        if not self.envs:
+            return  # the first group has not told us its envs yet
+        try:
+            free = _free_cpus()
+            for p in plan(self.envs, self.controller_node, free, workers, self.cpus_per_worker, self.sent):
+                _prestart(p.node_id, self.envs[p.role], p.count)
+                self.sent[(p.node_id, p.role)] = self.sent.get((p.node_id, p.role), 0) + p.count
+                self.started += p.count
+                log("warm_pool_prestart", pipeline=self.pipeline, node=p.node_id[:12], role=p.role, count=p.count)
+        except Exception as e:  # an optimization: the resize goes on with processes Ray starts itself
+            log("warm_pool_failed", level="warning", pipeline=self.pipeline, error=str(e)[:200])
+
+    def reset(self) -> None:
+        self.sent = {}
+
+
+def _free_cpus() -> dict[str, float]:
+    import ray._private.state  # internal; Ray is pinned to 2.60
+
+    return {node: res.get("CPU", 0.0) for node, res in ray._private.state.available_resources_per_node().items()}
+
+
+def _prestart(node_id: str, serialized_env: str, count: int) -> None:
+    import ray
+    from ray._private.grpc_utils import init_grpc_channel  # sends the cluster's auth token when it has one
+    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"]), None)
+    if node is None:
+        return  # gone since we looked
+    channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
+    try:
+        request = node_manager_pb2.PrestartWorkersRequest(language=common_pb2.PYTHON, num_workers=count,
+                                                          keep_alive_duration_secs=KEEP_ALIVE_S)
+        request.runtime_env_info.serialized_runtime_env = serialized_env
+        node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=5)
+    finally:
+        channel.close()
