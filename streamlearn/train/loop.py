@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 import time
 from collections import deque
@@ -52,6 +53,11 @@ def train_loop_per_worker(config: dict) -> None:
     # into Python and waits for the GIL, by default up to 5 ms (the switch interval): 4.5 ms per
     # step measured with 2 ranks. A shorter interval hands it back within a fraction of that.
     sys.setswitchinterval(GIL_SWITCH_S)
+    # Ray sets OMP_NUM_THREADS from the worker's CPUs as the actor starts, and torch reads it when
+    # imported: a process that imported torch before (train/preload.py) would keep one thread per
+    # core, every rank's threads fighting over the same cores.
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     pipeline = load_pipeline(cfg.pipeline)
@@ -100,8 +106,8 @@ def train_loop_per_worker(config: dict) -> None:
     drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
     recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm))
     delta, loss_sum, overhead_ms = Counters(), 0.0, []
-    log("worker_started", pipeline=pipeline.name, rank=rank, world=world, version=lineage.version,
-        positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
+    log("worker_started", pipeline=pipeline.name, rank=rank, world=world, threads=torch.get_num_threads(),
+        version=lineage.version, positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
     try:
         ahead: deque = deque()  # (window, its read under way), planned and not yet learned, oldest first
         last_planned: list[Window] = []
