@@ -148,6 +148,13 @@ def test_workers_and_nodes_follow_the_load_and_every_event_is_learned_once(kafka
         assert r["decided_at"] <= r["requested_at"] < r["t"], r
         assert abs(sum(r["seconds"].values()) - r["decision_to_first_step_s"]) < 0.1, r
     print("resizes", json.dumps(resizes), "nodes", nodes_seen)
+    # The warm pool (streamlearn/autoscale/warmpool.py) started processes for both resizes, and a
+    # later group's rank 0 ran in one of them: a process born before its group was built. Each
+    # group's first checkpoint says when its rank 0's process began, relative to that moment.
+    assert all(r["prestarted"] >= 1 for r in resizes[:2]), resizes
+    born = [r["startup_s"]["worker_process"] for r in _rows(run / "history.jsonl") if r.get("startup_s")]
+    print("rank 0's process born, seconds after its group was built:", born)
+    assert len(born) >= 3 and any(t < 0 for t in born[1:]), born
 
     # Exactly once across every resize: counts and the fingerprint of every learned event.
     summary = _last_json(out, "train's summary", (tmp_path / "train.log").read_text())
