@@ -62,7 +62,7 @@ HEAVY = "fraud_heavy"  # pipelines/fraud_heavy.py: ~11k events/s a worker here, 
 HEAVY_FLOOR = 2_000  # the policy's first estimate of a worker's rate: below what fraud_heavy learns
 
 
-def reaction(bootstrap: str, peak: float, home: Path, trickle_s: float = 240) -> dict:
+def reaction(bootstrap: str, peak: float, home: Path, trickle_s: float = 240, train_args: tuple[str, ...] = ()) -> dict:
     topic = f"spike-{time.time_ns()}"
     ensure_topics(KafkaSettings(bootstrap=bootstrap), {topic: PARTITIONS, f"{topic}.dlq": 1})
     # A warm resize starts the new group beside the old one: 1 -> 3 needs room for 4 one-CPU
@@ -76,7 +76,7 @@ def reaction(bootstrap: str, peak: float, home: Path, trickle_s: float = 240) ->
          "--bootstrap", bootstrap, "--topic", topic,
          "--workers", "1", "--min-workers", "1", "--max-workers", "3", "--cpus-per-worker", "1",
          "--checkpoint-dir", str(ckpt), "--checkpoint-every-s", "2", "--up-cooldown", "5", "--down-cooldown", "20",
-         "--target-drain", "15", "--capacity-floor", str(HEAVY_FLOOR), "--until-idle", "10"],
+         "--target-drain", "15", "--capacity-floor", str(HEAVY_FLOOR), "--until-idle", "10", *train_args],
         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=open(home / "spike-train.log", "w"), text=True)
     run = ckpt / "spike"
     nodes: list[tuple[float, int]] = []
@@ -108,7 +108,8 @@ def reaction(bootstrap: str, peak: float, home: Path, trickle_s: float = 240) ->
     downs = [r for r in resizes if r["to"] < r["from"]]
     drained = next((s["t"] for s in scaling if s["t"] > spike_t + width and s["lag"] <= max(s["input_rate"], 1) * 4),
                    None)
-    return {"peak_events_per_s": peak, "summary": json.loads(out.strip().splitlines()[-1]), "resizes": resizes,
+    (home / "spike-train.out").write_text(out)
+    return {"peak_events_per_s": peak, "summary": _summary(out), "resizes": resizes,
             "decision_up_s": ups[0]["decided_at"] - spike_t if ups and ups[0].get("decided_at") else None,
             "reaction_up_s": ups[0]["requested_at"] - spike_t if ups else None,
             "bigger_group_learning_s": ups[0]["t"] - spike_t if ups else None,
@@ -120,6 +121,18 @@ def reaction(bootstrap: str, peak: float, home: Path, trickle_s: float = 240) ->
             # where those seconds went (streamlearn/autoscale/handover.py).
             "decision_to_first_step_s": [r.get("decision_to_first_step_s") for r in resizes],
             "resize_seconds": [r.get("seconds") for r in resizes], "nodes_at_end": nodes}
+
+
+def _summary(out: str) -> dict:
+    """The run's summary: the last line of its stdout that is a JSON object (Ray may print its
+    workers' lines to the driver's stdout after it)."""
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise RuntimeError(f"no summary in the run's output, which ends:\n{out[-2000:]}")
 
 
 def _nodes(env: dict) -> int:
