@@ -61,8 +61,7 @@ class WarmPool:
         self.cpus_per_worker, self.pipeline = cpus_per_worker, pipeline
         self.envs: dict[str, str] = {}
         self.controller_node: str | None = None
-        self.sent: dict[tuple[str, str], int] = {}
-        self.started = 0  # processes asked for over the run (a figure for resizes.jsonl)
+        self.sent: dict[tuple[str, str], int] = {}  # this resize's requests: processes by (node, role)
 
     def learn(self, role: str, env: str, node_id: str | None = None) -> None:
         self.envs[role] = env
@@ -77,7 +76,6 @@ class WarmPool:
             for p in plan(self.envs, self.controller_node, free, workers, self.cpus_per_worker, self.sent):
                 _prestart(p.node_id, self.envs[p.role], p.count)
                 self.sent[(p.node_id, p.role)] = self.sent.get((p.node_id, p.role), 0) + p.count
-                self.started += p.count
                 log("warm_pool_prestart", pipeline=self.pipeline, node=p.node_id[:12], role=p.role, count=p.count)
         except Exception as e:  # an optimization: the resize goes on with processes Ray starts itself
             log("warm_pool_failed", level="warning", pipeline=self.pipeline, error=str(e)[:200])
