@@ -55,8 +55,11 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
             callbacks=[DeathRecord(run_dir(cfg).resolve(), gen),  # the controller has a cwd of its own
                        *([EnvReport(controller)] if cfg.warm_pool else [])],
             # Workers import torch and the loop as they start: in a process a resize's warm pool
-            # started, that happens before the group asks for it (train/preload.py).
-            worker_runtime_env=WORKER_RUNTIME_ENV if cfg.warm_pool else None,
+            # started, that happens before the group asks for it (train/preload.py). Not with
+            # Ray Data: what a worker starts inherits its runtime env, and every lane and Ray
+            # Data actor rank 0 starts would import torch too (the ray-data tests took up to
+            # 28 s longer in the fresh-clone CI of 2f56547). The pool still starts processes.
+            worker_runtime_env=WORKER_RUNTIME_ENV if cfg.warm_pool and cfg.ingest == "direct" else None,
         ),
     )
 
