@@ -44,12 +44,10 @@ def plan(envs: dict[str, str], controller_node: str | None, free_cpus: dict[str,
     if "worker" in envs:
         left = workers - sum(n for (_, role), n in sent.items() if role == "worker")
         for node, free in sorted(free_cpus.items(), key=lambda kv: -kv[1]):
-            room = int(free / cpus_per_worker + 1e-9) - sent.get((node, "worker"), 0)
-            if left <= 0:
-                break
-            if room > 0:
-                out.append(Prestart(node, "worker", min(room, left)))
-                left -= min(room, left)
+            take = min(int(free / cpus_per_worker + 1e-9) - sent.get((node, "worker"), 0), left)
+            if take > 0:
+                out.append(Prestart(node, "worker", take))
+                left -= take
     return out
 
 
@@ -72,9 +70,12 @@ class WarmPool:
         if not self.envs:
             return  # the first group has not told us its envs yet
         try:
-            free = _free_cpus()
-            for p in plan(self.envs, self.controller_node, free, workers, self.cpus_per_worker, self.sent):
-                _prestart(p.node_id, self.envs[p.role], p.count)
+            todo = plan(self.envs, self.controller_node, _free_cpus(), workers, self.cpus_per_worker, self.sent)
+            nodes = _raylets() if todo else {}
+            for p in todo:
+                if p.node_id not in nodes:
+                    continue  # gone since we looked
+                _prestart(nodes[p.node_id], self.envs[p.role], p.count)
                 self.sent[(p.node_id, p.role)] = self.sent.get((p.node_id, p.role), 0) + p.count
                 log("warm_pool_prestart", pipeline=self.pipeline, node=p.node_id[:12], role=p.role, count=p.count)
         except Exception as e:  # an optimization: the resize goes on with processes Ray starts itself
@@ -90,15 +91,18 @@ def _free_cpus() -> dict[str, float]:
     return {node: res.get("CPU", 0.0) for node, res in ray._private.state.available_resources_per_node().items()}
 
 
-def _prestart(node_id: str, serialized_env: str, count: int) -> None:
+def _raylets() -> dict[str, str]:
+    """Each live node's raylet address, by node id."""
     import ray
+
+    return {n["NodeID"]: f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}" for n in ray.nodes() if n["Alive"]}
+
+
+def _prestart(raylet: str, serialized_env: str, count: int) -> None:
     from ray._private.grpc_utils import init_grpc_channel  # sends the cluster's auth token when it has one
     from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
 
-    node = next((n for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"]), None)
-    if node is None:
-        return  # gone since we looked
-    channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
+    channel = init_grpc_channel(raylet)
     try:
         request = node_manager_pb2.PrestartWorkersRequest(language=common_pb2.PYTHON, num_workers=count,
                                                           keep_alive_duration_secs=KEEP_ALIVE_S)
