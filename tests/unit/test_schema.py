@@ -1,12 +1,14 @@
 import json
 import math
+import random
 
+import msgspec
 import orjson
 import pytest
 
 from pipelines.banking import TRANSACTION
 from streamlearn.errors import BadEvent, ConfigError
-from streamlearn.schema import Field, Schema, reason_code
+from streamlearn.schema import STRICT_REFUSED, Field, Schema, reason_code
 
 GOOD = {"event_id": "e1", "event_time": 1_767_225_600_000, "customer_id": "c1", "amount": 12.5, "currency": "EUR",
         "merchant_category": "grocery", "merchant_country": "DE", "channel": "pos", "card_present": True,
@@ -50,6 +52,9 @@ def test_extra_fields_are_ignored_by_default_and_dropped():
     (with_(customer_id="c" * 65), "too_long", "'customer_id'"),
     (b'{"amount": NaN}', "not_finite", "NaN"),
     (b'{"amount": 1e400}', "not_finite", "infinite"),
+    # A field the schema does not know is still part of the event: msgspec would skip these values.
+    (with_(loyalty_tier="gold")[:-1] + b', "note": "\xff"}', "undecodable", "UTF-8"),
+    (with_(loyalty_tier="gold")[:-1] + b', "score": 1e999}', "not_finite", "infinite"),
 ])
 def test_every_kind_of_bad_event_gets_its_reason(raw, code, mentions):
     reason = reason_of(raw)
@@ -75,13 +80,56 @@ def test_columns_give_the_same_verdicts_as_events(bad):
     assert columns == _as_columns(events)
 
 
-def test_an_all_valid_slice_is_checked_as_columns_without_event_dicts(monkeypatch):
+def test_an_all_valid_slice_is_decoded_by_the_strict_decoder_alone(monkeypatch):
     values = [with_(event_id=f"e{i}", amount=float(i), card_present=i % 2 == 0) for i in range(50)]
-    expected = _as_columns(TRANSACTION.decode_many(values)[0])
-    monkeypatch.setattr(Schema, "decode_many", lambda *_: pytest.fail("the column fast path fell back"))
-    columns, kept, rejected = TRANSACTION.decode_columns(values)
-    assert columns == expected and kept == list(range(50)) and rejected == []
+    expected = [{**GOOD, "event_id": f"e{i}", "amount": float(i), "card_present": i % 2 == 0} for i in range(50)]
+    monkeypatch.setattr(Schema, "_checked", lambda *_: pytest.fail("the strict decoder fell back"))
+    assert TRANSACTION.decode_many(values) == (expected, list(range(50)), [])
+    assert TRANSACTION.decode_columns(values) == (_as_columns(expected), list(range(50)), [])
     assert TRANSACTION.decode_columns([]) == ({f.name: [] for f in TRANSACTION.fields}, [], [])
+
+
+def test_what_the_strict_decoder_takes_the_checks_take_with_the_same_values():
+    """The strict decoder (msgspec) is only a faster way to the verdicts of orjson and the
+    schema's checks (`_checked`): 20,000 events with a field's value swapped for another JSON
+    value and bytes flipped, dropped or swapped for JSON-significant ones, and every event it takes
+    must pass the checks as the same event. It may refuse more (those go to the checks), never take more."""
+    rng = random.Random(7)
+    specials = [b'"', b"\\", b"\xff", b"\xed\xa0\x80", b"\x00", b"e999", b"-", b".", b"0", b",", b"}", b"{", b"[",
+                b"null", b"true", b"1e400", b"\\ud800", b" "]
+    seeds = [with_(), with_(amount=3), with_(customer_age=18, amount=0), with_(extra_field=[1, {"x": None}]),
+             orjson.dumps({k: v for k, v in GOOD.items() if k != "is_fraud"})]
+    tokens = [b'"EUR"', b'"E\\u0055R"', b'"\\u00e9"', b'"' + b"c" * 64 + b'"', b'"' + b"c" * 65 + b'"',
+              b'"' + b"\\u00e9" * 64 + b'"', b'"\xc3\xa9"', b"0", b"-0", b"-0.0", b"18", b"120", b"121", b"1e2",
+              b"1E+2", b"0.1e-5", b"10000000.0", b"10000000.0000001", b"4102444800000", b"4102444800001",
+              b"18446744073709551616", b"1.5", b"true", b"false", b"null", b"[]", b"{}"]
+    taken = 0
+    for _ in range(20_000):
+        if rng.random() < 0.5:  # a field's value swapped for another JSON value
+            event = {name: orjson.dumps(value) for name, value in GOOD.items()}
+            for name in rng.sample(list(event), rng.randint(1, 2)):
+                event[name] = rng.choice(tokens)
+            seed = b"{" + b",".join(b'"%s":%s' % (name.encode(), value) for name, value in event.items()) + b"}"
+        else:
+            seed = rng.choice(seeds)
+        raw = bytearray(seed)
+        for _ in range(rng.choice((0, 1, 1, 2))):
+            at = rng.randrange(len(raw))
+            what = rng.random()
+            if what < 0.4:
+                raw[at:at + 1] = rng.choice(specials)
+            elif what < 0.7:
+                raw[at] = rng.randrange(256)
+            else:
+                del raw[at]
+        raw = bytes(raw)
+        try:
+            strict = TRANSACTION._strict.decode(raw)
+        except STRICT_REFUSED:
+            continue
+        taken += 1
+        assert msgspec.to_builtins(strict) == TRANSACTION._checked(raw), raw
+    assert taken > 1_000, taken  # many changes leave the event valid: the comparison ran
 
 
 def test_columns_of_optional_fields_take_their_default():
