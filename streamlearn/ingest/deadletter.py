@@ -46,6 +46,7 @@ class DeadLetters:
         self._failed: list[str] = []
         self.by_reason: Counter[str] = Counter()
         self._watermarks: Consumer | None = None
+        self.written: dict[int, int] = {}  # partition -> offset after the last dead letter this producer delivered
 
     def skip_written_since(self, positions: dict[int, int], timeout_s: float = 30.0) -> int:
         """Remember the keys written to the dead-letter topic after `positions` (from the checkpoint)."""
@@ -91,9 +92,11 @@ class DeadLetters:
                 self._producer.poll(0.1)
         self._producer.poll(0)
 
-    def _delivered(self, err, _msg) -> None:
+    def _delivered(self, err, msg) -> None:
         if err is not None:
             self._failed.append(err.str())
+        else:
+            self.written[msg.partition()] = max(self.written.get(msg.partition(), 0), msg.offset() + 1)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Before a checkpoint: every dead letter of the learned windows must be durable."""
