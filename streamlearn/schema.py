@@ -152,14 +152,22 @@ class Schema:
         nothing else, all valid (the usual case), is parsed and checked by msgspec in one C loop,
         1.1 µs an event where orjson and the generated checks took 3.0 (docs/DECISIONS.md §6); any
         other slice goes message by message, each tried the same way before the checks that say why."""
-        if not values:
-            return [], [], []
-        strict, to_dict = self._strict.decode, msgspec.to_builtins
+        objs = self._strict_all(values)
+        if objs is not None:
+            return list(map(msgspec.to_builtins, objs)), list(range(len(values))), []
+        return self._one_by_one(values)
+
+    def _strict_all(self, values: list[bytes | None]) -> list | None:
+        """The strict decoder's objects for a whole slice, or None if it refuses any value (or the
+        slice is empty): then each value must be decided on its own."""
         try:
-            if max(map(len, values)) <= self.max_bytes:
-                return list(map(to_dict, map(strict, values))), list(range(len(values))), []
+            if values and max(map(len, values)) <= self.max_bytes:
+                return list(map(self._strict.decode, values))
         except (*STRICT_REFUSED, TypeError):  # TypeError: a None value (a tombstone)
             pass
+        return None
+
+    def _one_by_one(self, values: list[bytes | None]) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
         events: list[dict[str, Any]] = []
         kept: list[int] = []
         bad: list[tuple[int, str]] = []
@@ -177,16 +185,11 @@ class Schema:
         no event dict: msgspec's objects are read column by column, half the cost of `decode_many`
         for small messages such as labels (docs/DECISIONS.md §20)."""
         names = [f.name for f in self.fields]
-        if not values:
-            return {name: [] for name in names}, [], []
-        try:
-            if max(map(len, values)) <= self.max_bytes:
-                objs = list(map(self._strict.decode, values))
-                return ({name: list(map(attrgetter(_attr(i)), objs)) for i, name in enumerate(names)},
-                        list(range(len(values))), [])
-        except (*STRICT_REFUSED, TypeError):
-            pass
-        events, kept, bad = self.decode_many(values)
+        objs = self._strict_all(values)
+        if objs is not None:
+            columns = {name: list(map(attrgetter(_attr(i)), objs)) for i, name in enumerate(names)}
+            return columns, list(range(len(values))), []
+        events, kept, bad = self._one_by_one(values)
         return {name: [e[name] for e in events] for name in names}, kept, bad
 
     def validate(self, obj: Any) -> dict[str, Any]:
