@@ -45,11 +45,12 @@ class DeadLetters:
         self._already: set[bytes] = set()
         self._failed: list[str] = []
         self.by_reason: Counter[str] = Counter()
-        self._watermarks: Consumer | None = None
         self.written: dict[int, int] = {}  # partition -> offset after the last dead letter this producer delivered
+        self.end_at_start: dict[int, int] = {}  # partition -> the topic's end when the scan below read it
 
     def skip_written_since(self, positions: dict[int, int], timeout_s: float = 30.0) -> int:
-        """Remember the keys written to the dead-letter topic after `positions` (from the checkpoint)."""
+        """Remember the keys written to the dead-letter topic after `positions` (from the checkpoint),
+        and where the topic ended: every dead letter written from now on lies past that."""
         consumer = Consumer({**self._settings.confluent(), "group.id": "streamlearn-dlq-scan",
                              "enable.auto.commit": False, "log_level": 3})
         try:
@@ -57,6 +58,7 @@ class DeadLetters:
             todo = {}
             for p in meta.partitions:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+                self.end_at_start[p] = high
                 start = positions.get(p, 0)
                 if high > start:
                     todo[p] = high
@@ -104,17 +106,5 @@ class DeadLetters:
         if left or self._failed:
             raise KafkaUnavailable(f"dead-letter topic {self.topic}: {left} undelivered, errors {self._failed[:3]}")
 
-    def positions(self) -> dict[int, int]:
-        """The dead-letter topic's end per partition: where a replay's scan for keys starts.
-        One consumer for the life of the stream: a new one per checkpoint cost a connection."""
-        if self._watermarks is None:
-            self._watermarks = Consumer({**self._settings.confluent(), "group.id": "streamlearn-dlq-scan",
-                                         "log_level": 3})
-        meta = self._watermarks.list_topics(self.topic, timeout=10).topics[self.topic]
-        return {p: self._watermarks.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
-                for p in meta.partitions}
-
     def close(self) -> None:
         self.flush()
-        if self._watermarks is not None:
-            self._watermarks.close()

@@ -276,10 +276,6 @@ class RayDataStream:
         for message, reason in batch.bad_labels:
             self.dead_letters.send(message, reason, source_topic=self.label_topic)
 
-    def dlq_positions(self) -> dict[int, int]:
-        """At a checkpoint: where a replay's scan for already-written dead letters starts."""
-        return self.dead_letters.positions()
-
     def close(self) -> None:
         if self._feed is not None:
             ray.kill(self._feed)  # the lanes' next ask fails and the Dataset ends with the group

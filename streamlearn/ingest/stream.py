@@ -85,10 +85,6 @@ class WorkerStream:
         if self.join is not None and join_state:
             self.join.restore(join_state, lambda p: p % self.world == self.rank)
 
-    def dlq_positions(self) -> dict[int, int]:
-        """At a checkpoint: where a replay's scan for already-written dead letters starts."""
-        return self.dead_letters.positions()
-
     def ingest_stats(self) -> dict:
         return {"mode": "direct"}
 

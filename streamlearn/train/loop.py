@@ -266,8 +266,8 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     metrics["ingest"] = stream.ingest_stats()
     if alarms := recent.take_alarms():
         metrics["drift"] = [alarm.as_dict() for alarm in alarms]
-    with phases("checkpoint.dead_letter_positions"):
-        lineage.dlq_positions = _dead_letter_positions(lineage.dlq_positions, [w[-1] for w in windows], stream)
+    lineage.dlq_positions = _dead_letter_positions(lineage.dlq_positions, [w[-1] for w in windows],
+                                                   stream.dead_letters.end_at_start)
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
             "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
     join = None
@@ -431,18 +431,17 @@ def _sum_counters(delta: Counters, loss_sum: float) -> tuple[Counters, float]:
     return Counters(learned, dead, fp, delta.steps, expired, labels_dead), float(loss.item())
 
 
-def _dead_letter_positions(last: dict[int, int], written: list[dict[int, int]], stream: Stream) -> dict[int, int]:
+def _dead_letter_positions(last: dict[int, int], written: list[dict[int, int]],
+                           end_at_start: dict[int, int]) -> dict[int, int]:
     """Where a replay's scan of the dead-letter topic for what it already wrote starts: any bound
     below every dead letter written after this checkpoint will do. Every rank flushed its dead
     letters before the checkpoint and its producer knows the offset after the last one it
     delivered, so the largest of those (and of the last positions) is such a bound, with no
-    broker round trip: that cost ~15 ms of rank 0's training thread a checkpoint, which every
-    rank then waited for (58 of the 66 ms of checkpoint phase of a 200k-event benchmark run).
-    A lineage's first checkpoint asks the broker for the topic's end, so that the scan starts
-    there on partitions no rank has written to."""
-    if not last:
-        return stream.dlq_positions()
-    out = dict(last)
+    broker round trip: asking the broker for the topic's end cost ~15 ms of rank 0's training
+    thread a checkpoint, which every rank then waited for. A lineage's first checkpoint has no
+    last positions: it starts from the topic's end as this rank's scan read it at start
+    (`DeadLetters.end_at_start`), which every later dead letter lies past."""
+    out = dict(last or end_at_start)
     for ends in written:
         for p, end in ends.items():
             out[p] = max(out.get(p, 0), end)
