@@ -80,17 +80,20 @@ class RangeReader:
                 for p in partitions}
 
     def read(self, ranges: dict[int, tuple[int, int]]) -> list[Message]:
-        """Every message in the ranges, in offset order per partition. Waits through broker outages."""
+        """Every message in the ranges, partition after partition (ascending), each in offset
+        order. Waits through broker outages."""
         return [Message(m.partition(), m.offset(), m.value()) for m in self.read_raw(ranges)]
 
     def read_raw(self, ranges: dict[int, tuple[int, int]]) -> list:
         """`read`, as confluent-kafka's own message objects: the training hot path makes no
-        object of its own per event (a tuple each cost as much as the whole consume)."""
-        out: list = []
+        object of its own per event (a tuple each cost as much as the whole consume). The order
+        does not depend on how the fetches arrived: a window's rows, and so each step's, are the
+        same when a replay reads it again (tests/integration/test_replay.py)."""
+        parts: dict[int, list] = {p: [] for p in ranges}
         remaining: dict[int, int] = {}
         for p, (start, end) in ranges.items():
             if end > start:
-                remaining[p] = self._position(p, start, end, out)
+                remaining[p] = self._position(p, start, end, parts[p])
         deadline = time.monotonic() + self.fetch_timeout_s
         while any(remaining.values()):
             # Never ask for more than is missing: consume() waits until it has num_messages.
@@ -105,7 +108,7 @@ class RangeReader:
                 p, off = msg.partition(), msg.offset()
                 self._next[p] = off + 1
                 if remaining.get(p) and off < ranges[p][1]:
-                    out.append(msg)
+                    parts[p].append(msg)
                     remaining[p] -= 1
                 else:  # past this range: the next range of p most likely starts right here
                     self._carry.setdefault(p, []).append(msg)
@@ -113,6 +116,9 @@ class RangeReader:
                 missing = {p: n for p, n in remaining.items() if n}
                 raise KafkaUnavailable(f"no data for {self.fetch_timeout_s:.0f}s while reading {missing} "
                                        f"events of {self.topic} (broker down, or offsets past retention)")
+        out: list = []
+        for p in sorted(parts):
+            out += parts[p]
         return out
 
     def _position(self, p: int, start: int, end: int, out: list) -> int:

@@ -76,3 +76,21 @@ def test_delayed_labels_follow_their_events_in_the_same_partition(kafka, kafka_s
         assert partition == event_partition  # a rank reading partition p of both topics holds both halves
         assert t - event_t >= 450  # sent no sooner than its delay (0.5 s at least) after its event
         assert 500 <= label["label_time"] - event["event_time"] <= 1500
+
+
+def test_a_window_reads_in_the_same_order_however_its_fetches_arrive(kafka, kafka_settings, topic):
+    """A window's rows, and so each step's batch, must not depend on which partition's fetch came
+    first: a replay after a crash learns the window again in the same steps (test_replay)."""
+    from streamlearn.ingest.reader import RangeReader
+
+    run_load(kafka.bootstrap, topic, partitions=4, count=12_000, seed=5)
+    reader = RangeReader(kafka_settings, topic, "test-order", fetch_timeout_s=30)
+    try:
+        marks = reader.watermarks(reader.partitions())
+        for k in range(3):  # three windows of a third of each partition, ranges given highest partition first
+            ranges = {p: (lo + (hi - lo) * k // 3, lo + (hi - lo) * (k + 1) // 3) for p, (lo, hi) in
+                      sorted(marks.items(), reverse=True)}
+            got = [(m.partition(), m.offset()) for m in reader.read_raw(ranges)]
+            assert got == [(p, o) for p in sorted(ranges) for o in range(*ranges[p])]
+    finally:
+        reader.close()
