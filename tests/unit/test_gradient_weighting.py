@@ -37,7 +37,7 @@ def _rank(rank: int, init: str, out: str) -> None:
     x, y = x[lo:lo + SIZES[rank]], y[lo:lo + SIZES[rank]]
     model = torch.nn.parallel.DistributedDataParallel(_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    _steps(model, optimizer, Fraud(), x, y, np.zeros(len(y), dtype=np.uint32), [np.arange(len(y))], [sum(SIZES)],
+    _steps(model, optimizer, Fraud(), x, y, np.zeros(len(y), dtype=np.uint32), [len(y)], [sum(SIZES)],
            2, torch.device("cpu"), Watch(1000), Phases(rank))
     if rank == 0:
         torch.save(model.module.state_dict(), out)
