@@ -255,7 +255,8 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     with phases("checkpoint.sum_counters"):
         summed = _sum_counters(delta, loss_sum)
         windows = _gather((*recent.arrays(), stream.dead_letters.written))
-    join_state = _gather_to_rank0(join_delta) if pipeline.labels else None
+    with phases("checkpoint.join_state"):  # every rank's join-state delta, pickled to rank 0
+        join_state = _gather_to_rank0(join_delta) if pipeline.labels else None
     lineage.totals.add(summed[0])
     lineage.version += 1
     bind(version=lineage.version)
