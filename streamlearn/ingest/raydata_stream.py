@@ -92,6 +92,7 @@ class RayDataStream:
         self._ended = False
         self._feed = None
         self._room = None  # rank 0: the lanes' placement group
+        self._split = None  # rank 0: every rank's iterator, which keeps the split coordinator alive
         self.stats = {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
         self.dataset_name = f"streamlearn-{group_id}"
         self._open()
@@ -107,6 +108,11 @@ class RayDataStream:
             ds = source.build(self.settings, self.topic, self.group_id, self.pipeline,
                               self._feed, LANES, self.dataset_name, self._room)
             iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
+            # The other ranks' copies reach them through the process group, not through Ray, so
+            # Ray does not count them: once rank 0's own iterator was done and dropped, the split
+            # coordinator was destroyed under a rank still pulling its last slices (ActorDiedError,
+            # "all references to the actor were removed", ingest benchmark 2026-11-28).
+            self._split = iterators
         iterator = broadcast(iterators, self.rank)[self.rank]
         threading.Thread(target=self._pump, args=(iterator,), name=f"ray-data-{self.rank}", daemon=True).start()
 
@@ -281,6 +287,7 @@ class RayDataStream:
             ray.kill(self._feed)  # the lanes' next ask fails and the Dataset ends with the group
         if self._room is not None:
             remove_placement_group(self._room)  # ends what is left of the lanes
+        self._split = None
         self.dead_letters.close()
         for reader in (self.reader, self.label_reader):
             if reader is not None:
