@@ -185,7 +185,8 @@ def main() -> None:
 def _partial(runs: list[dict], base: float) -> dict:
     m = median_run(runs)
     return {"steady_events_per_s": m["steady_events_per_s"], "ratio_to_baseline": m["steady_events_per_s"] / base,
-            "first_step_s": m["first_step_s"], "steady_runs": [r["steady_events_per_s"] for r in runs]}
+            "first_step_s": m["first_step_s"], "steady_runs": [r["steady_events_per_s"] for r in runs],
+            "checkpoint_share": m["checkpoint_share"], "rank0_phases_s": m["rank0_phases_s"]}
 
 
 def median_run(runs: list[dict]) -> dict:
