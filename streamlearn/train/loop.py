@@ -205,7 +205,7 @@ def learn(model, optimizer, pipeline: Pipeline, batch: Batch, sizes: list[int], 
     # The window is put in its shuffled order once, and each step takes a contiguous slice of it:
     # gathering each step's rows of features, targets and fingerprints cost 60-100 us of a
     # 0.7-1.0 ms step (fraud MLP, one thread; measured).
-    ends = np.cumsum([len(chunk) for chunk in np.array_split(order, steps)]).tolist()
+    ends = np.cumsum([_split_size(batch.size, steps, s) for s in range(steps)]).tolist()
     totals = [sum(_split_size(n, steps, s) for n in sizes) for s in range(steps)]
     features, targets = torch.from_numpy(batch.features[order]), torch.from_numpy(batch.targets[order])
     with phases("train", events=batch.size, steps=steps):
