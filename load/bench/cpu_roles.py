@@ -1,7 +1,9 @@
 """Where the two cores go: CPU seconds by process role while `--ingest direct` and
-`--ingest ray-data` each learn the same events with 2 workers (the default count).
+`--ingest ray-data` each learn the same events with 2 workers (the default count); with
+`--labels`, while the same events are learned with their label inline and joined from
+`<topic>.labels` (issue 16), with 1 and 2 workers.
 
-    python -m load.bench.cpu_roles [--events 600000] [--runs 3]
+    python -m load.bench.cpu_roles [--events 600000] [--runs 3] [--labels]
 
 Issue 13's bar is Ray Data at 0.8x the direct path's learned rate; on two cores every CPU
 second Ray Data's own machinery spends (its read lanes beside the trainers, the split
@@ -23,8 +25,10 @@ import time
 
 import psutil
 
-from load.bench.common import machine_line, write_json, write_section
-from load.bench.ingest import alternating_rounds, pipeline_rate
+from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
+from load.bench.ingest import DELAYED, PARTITIONS, TOPIC, alternating_rounds, pipeline_rate
+from load.generator import run_load
+from load.labels import LabelPlan, parse_label_delay
 
 SAMPLE_S = 0.25
 # Ray's process titles ("ray::<actor or task>") and the rest of the machine, first match wins.
@@ -117,11 +121,11 @@ class CpuByRole:
             self.samples.append((now, by_role))
 
 
-def profiled_run(bootstrap: str, n: int, home, ingest: str) -> dict:
+def profiled_run(bootstrap: str, n: int, home, ingest: str, workers: int = 2, **kwargs) -> dict:
     """One run, its CPU by role over the whole run and over its steady part alone (from the first
     step to the last checkpoint: start-up and teardown are most of a 200k-event run's wall time)."""
     with CpuByRole() as cpu:
-        run = pipeline_rate(bootstrap, n, 2, home, ingest=ingest)
+        run = pipeline_rate(bootstrap, n, workers, home, ingest=ingest, **kwargs)
     steady_from = cpu.started + run["first_step_s"]
     steady = cpu.between(steady_from, steady_from + run["steady_s"])
     steady_events = run["steady_events_per_s"] * run["steady_s"]
@@ -141,9 +145,83 @@ def main() -> None:
     # More than the ingest benchmark's 200k: its steady part is ~3 s of a ~35 s run.
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--labels", action="store_true", help="inline against joined labels, 1 and 2 workers")
     args = parser.parse_args()
+    if args.labels:
+        report_labels(args.events, labels_rounds(args.events, args.runs))
+        return
     runs = alternating_rounds(args.events, args.runs, ["direct", "ray-data"], profiled_run)
     report(args.events, runs)
+
+
+JOINED = {"topic": DELAYED, "pipeline": "fraud_delayed"}
+LABEL_CONTENDERS = {"inline-1": {"workers": 1}, "delayed-1": {"workers": 1, **JOINED},
+                    "inline-2": {"workers": 2}, "delayed-2": {"workers": 2, **JOINED}}
+
+
+def labels_rounds(n: int, rounds: int) -> dict[str, list[dict]]:
+    """The ingest benchmark's two topics (the same events, labels inline and on `.labels` 0-1 s
+    later), then every contender once per round, round after round."""
+    import ray
+
+    topics = {TOPIC: PARTITIONS, DELAYED: PARTITIONS, f"{DELAYED}.labels": PARTITIONS}
+    with bench_broker(topics) as (home, broker, _settings):
+        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=n, seed=11)
+        run_load(broker.bootstrap, DELAYED, partitions=PARTITIONS, count=n, seed=11,
+                 labels=LabelPlan(parse_label_delay("uniform:0:1")))
+        start_bench_ray()
+        runs: dict[str, list[dict]] = {name: [] for name in LABEL_CONTENDERS}
+        for _ in range(rounds):
+            for name, kwargs in LABEL_CONTENDERS.items():
+                runs[name].append(profiled_run(broker.bootstrap, n, home, "direct", **kwargs))
+        ray.shutdown()
+    return runs
+
+
+def report_labels(n: int, runs: dict[str, list[dict]]) -> None:
+    """Per worker count: each role's CPU per 1,000 events learned, inline against joined, and what
+    the joined rate could be at most on this machine's cores if every one of them were busy."""
+    cores = os.cpu_count() or 1
+    roles = sorted({role for rs in runs.values() for r in rs for role in r["steady_cpu_ms_per_1k_events_by_role"]})
+    per_1k = {name: {role: statistics.median(r["steady_cpu_ms_per_1k_events_by_role"].get(role, 0.0) for r in rs)
+                     for role in roles} for name, rs in runs.items()}
+    rate = {name: statistics.median(r["steady_events_per_s"] for r in rs) for name, rs in runs.items()}
+    busy = {name: statistics.median(r["steady_cores_busy"] for r in rs) for name, rs in runs.items()}
+    total = {name: sum(v.values()) for name, v in per_1k.items()}
+    # Every core busy, each event costing what it cost: the most a run could learn here.
+    ceiling = {name: 1e6 * cores / total[name] for name in runs}
+    figures = {"benchmark": "cpu_labels", "machine": machine_line(), "events": n, "cores": cores,
+               "steady_events_per_s": rate, "steady_cores_busy": busy, "steady_cpu_ms_per_1k_events": total,
+               "ceiling_events_per_s_all_cores_busy": ceiling,
+               **{f"ratio_delayed_vs_inline_{w}": rate[f"delayed-{w}"] / rate[f"inline-{w}"] for w in (1, 2)},
+               **{f"ceiling_ratio_delayed_vs_inline_{w}": ceiling[f"delayed-{w}"] / rate[f"inline-{w}"]
+                  for w in (1, 2)},
+               "steady_cpu_ms_per_1k_events_by_role": per_1k, "runs": runs}
+    write_json("cpu_labels", figures)
+    order = sorted(roles, key=lambda r: -sum(per_1k[name][r] for name in runs))
+    names = list(runs)
+    rows = "\n".join(f"| {role} | " + " | ".join(f"{per_1k[name][role]:.1f}" for name in names) + " |"
+                     for role in order if any(per_1k[name][role] >= 0.05 for name in names))
+    write_section("cpu_labels", "Where the cores go with delayed labels: inline against joined", "\n".join([
+        f"{n:,} fraud events learned with their label inline (`fraud`) and joined from `<topic>.labels` "
+        f"0-1 s later (`fraud_delayed`), direct ingest, default settings, every contender once per round, "
+        f"medians of {len(runs['inline-1'])} runs. CPU sampled as in the section above; steady part only. "
+        f"{machine_line()}",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+        "| learned, events/s | " + " | ".join(f"{rate[name]:,.0f}" for name in names) + " |",
+        "| cores busy | " + " | ".join(f"{busy[name]:.2f}" for name in names) + " |",
+        "| **CPU ms per 1,000 events, all** | " + " | ".join(f"**{total[name]:.1f}**" for name in names) + " |",
+        rows,
+        f"| ceiling: all {cores} cores busy, events/s | " + " | ".join(f"{ceiling[name]:,.0f}" for name in names)
+        + " |",
+        "",
+        f"Joined against inline: {figures['ratio_delayed_vs_inline_1']:.2f}x with 1 worker, "
+        f"{figures['ratio_delayed_vs_inline_2']:.2f}x with 2. Were every core busy at the joined runs' CPU "
+        f"per event, the most they could learn is {figures['ceiling_ratio_delayed_vs_inline_1']:.2f}x / "
+        f"{figures['ceiling_ratio_delayed_vs_inline_2']:.2f}x the inline runs' measured rate.",
+    ]))
 
 
 def report(n: int, runs: dict[str, list[dict]]) -> None:
