@@ -25,10 +25,8 @@ import time
 
 import psutil
 
-from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
-from load.bench.ingest import DELAYED, PARTITIONS, TOPIC, alternating_rounds, pipeline_rate
-from load.generator import run_load
-from load.labels import LabelPlan, parse_label_delay
+from load.bench.common import machine_line, write_json, write_section
+from load.bench.ingest import DELAYED, alternating_rounds, pipeline_rate
 
 SAMPLE_S = 0.25
 # Ray's process titles ("ray::<actor or task>") and the rest of the machine, first match wins.
@@ -148,7 +146,10 @@ def main() -> None:
     parser.add_argument("--labels", action="store_true", help="inline against joined labels, 1 and 2 workers")
     args = parser.parse_args()
     if args.labels:
-        report_labels(args.events, labels_rounds(args.events, args.runs))
+        report_labels(args.events, alternating_rounds(
+            args.events, args.runs, list(LABEL_CONTENDERS), delayed=True,
+            run_one=lambda bootstrap, n, home, name: profiled_run(bootstrap, n, home, "direct",
+                                                                    **LABEL_CONTENDERS[name])))
         return
     runs = alternating_rounds(args.events, args.runs, ["direct", "ray-data"], profiled_run)
     report(args.events, runs)
@@ -157,25 +158,6 @@ def main() -> None:
 JOINED = {"topic": DELAYED, "pipeline": "fraud_delayed"}
 LABEL_CONTENDERS = {"inline-1": {"workers": 1}, "delayed-1": {"workers": 1, **JOINED},
                     "inline-2": {"workers": 2}, "delayed-2": {"workers": 2, **JOINED}}
-
-
-def labels_rounds(n: int, rounds: int) -> dict[str, list[dict]]:
-    """The ingest benchmark's two topics (the same events, labels inline and on `.labels` 0-1 s
-    later), then every contender once per round, round after round."""
-    import ray
-
-    topics = {TOPIC: PARTITIONS, DELAYED: PARTITIONS, f"{DELAYED}.labels": PARTITIONS}
-    with bench_broker(topics) as (home, broker, _settings):
-        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=n, seed=11)
-        run_load(broker.bootstrap, DELAYED, partitions=PARTITIONS, count=n, seed=11,
-                 labels=LabelPlan(parse_label_delay("uniform:0:1")))
-        start_bench_ray()
-        runs: dict[str, list[dict]] = {name: [] for name in LABEL_CONTENDERS}
-        for _ in range(rounds):
-            for name, kwargs in LABEL_CONTENDERS.items():
-                runs[name].append(profiled_run(broker.bootstrap, n, home, "direct", **kwargs))
-        ray.shutdown()
-    return runs
 
 
 def report_labels(n: int, runs: dict[str, list[dict]]) -> None:

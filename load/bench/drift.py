@@ -23,7 +23,6 @@ import json
 import statistics
 import threading
 import time
-from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -33,6 +32,7 @@ from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.broker import free_port
+from streamlearn.observe.runfiles import read_jsonl
 from streamlearn.pipeline import load_pipeline
 
 TOPIC, PARTITIONS, SEED = "drift", 4, 7
@@ -75,8 +75,8 @@ def measure(rate: float, before_s: float, after_s: float) -> dict:
         serve_shutdown()
         ray.shutdown()
         drift_t = first_timestamp_from(broker.bootstrap, drift_at)
-        history = _rows(run_dir(cfg) / "history.jsonl")
-        served = _rows(serve_cfg.run_dir / "served.jsonl")
+        history = read_jsonl(run_dir(cfg) / "history.jsonl")
+        served = read_jsonl(serve_cfg.run_dir / "served.jsonl")
     return {"drift_at_event": drift_at, "drift_t": drift_t, "produced": produced["events"],
             "alarms": [{"t": r["t"], "version": r["version"], "signals": [a["signal"] for a in r["drift"]]}
                        for r in history if r.get("drift")],
@@ -106,10 +106,6 @@ def first_timestamp_from(bootstrap: str, index: int) -> float:
 
 def _number(value) -> bool:
     return isinstance(value, float) and value == value  # an AUC of too few answers is NaN
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def figures_of(run: dict) -> dict:

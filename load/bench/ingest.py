@@ -110,16 +110,31 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
             "checkpoint_dir": cfg.checkpoint_dir, "run_name": name}
 
 
-def alternating_rounds(events: int, rounds: int, contenders: list, run_one, first=None, each_round=None) -> dict:
-    """The fraud topic produced once, then `run_one(bootstrap, events, home, contender)` for every
-    contender once per round, round after round (this machine's speed drifts within minutes: a
-    contender's runs in a block would turn that drift into ratios). `first(bootstrap, home)` runs
-    before the rounds on the same broker and Ray, `each_round(runs so far)` after each (a report
-    that a time limit cannot take away). Runs by contender."""
+def produce_topics(bootstrap: str, events: int, delayed: bool) -> None:
+    """The fraud events on TOPIC and, with `delayed`, the same events again on DELAYED with each
+    label on DELAYED.labels 0-1 s after its event."""
+    run_load(bootstrap, TOPIC, partitions=PARTITIONS, count=events, seed=11)
+    if delayed:
+        run_load(bootstrap, DELAYED, partitions=PARTITIONS, count=events, seed=11,
+                 labels=LabelPlan(parse_label_delay("uniform:0:1")))
+
+
+def bench_topics(delayed: bool) -> dict[str, int]:
+    return {TOPIC: PARTITIONS, **({DELAYED: PARTITIONS, f"{DELAYED}.labels": PARTITIONS} if delayed else {})}
+
+
+def alternating_rounds(events: int, rounds: int, contenders: list, run_one, first=None, each_round=None,
+                       delayed: bool = False) -> dict:
+    """The fraud topic produced once (and the delayed-label topics with `delayed`), then
+    `run_one(bootstrap, events, home, contender)` for every contender once per round, round after
+    round (this machine's speed drifts within minutes: a contender's runs in a block would turn
+    that drift into ratios). `first(bootstrap, home)` runs before the rounds on the same broker and
+    Ray, `each_round(runs so far)` after each (a report that a time limit cannot take away). Runs
+    by contender."""
     import ray
 
-    with bench_broker({TOPIC: PARTITIONS}) as (home, broker, _settings):
-        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=events, seed=11)
+    with bench_broker(bench_topics(delayed)) as (home, broker, _settings):
+        produce_topics(broker.bootstrap, events, delayed)
         start_bench_ray()
         if first:
             first(broker.bootstrap, home)
@@ -153,11 +168,8 @@ def main() -> None:
     if unknown := set(only) - set(contenders):
         raise SystemExit(f"--only: unknown contenders {sorted(unknown)}; known: {', '.join(contenders)}")
     contenders = {name: kwargs for name, kwargs in contenders.items() if not only or name in only}
-    topics = {TOPIC: PARTITIONS, DELAYED: PARTITIONS, f"{DELAYED}.labels": PARTITIONS}
-    with bench_broker(topics) as (home, broker, _settings):
-        run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, count=args.events, seed=11)
-        run_load(broker.bootstrap, DELAYED, partitions=PARTITIONS, count=args.events, seed=11,
-                 labels=LabelPlan(parse_label_delay("uniform:0:1")))
+    with bench_broker(bench_topics(delayed=True)) as (home, broker, _settings):
+        produce_topics(broker.bootstrap, args.events, delayed=True)
         base, base_quiet = [], []
         for _ in range(args.runs):  # for reference: the same loop with the trainer's collector setting
             base.append(baseline(broker.bootstrap, args.events))

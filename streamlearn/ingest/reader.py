@@ -130,7 +130,8 @@ class RangeReader:
         for lo, hi in zip([0, *cuts], [*cuts, len(batch)], strict=True):
             p, run = int(partitions[lo]), batch[lo:hi]
             self._next[p] = run[-1].offset() + 1
-            take = min(remaining.get(p, 0), bisect_left(run, ranges[p][1], key=_offset)) if remaining.get(p) else 0
+            left = remaining.get(p, 0)
+            take = min(left, bisect_left(run, ranges[p][1], key=_offset)) if left else 0
             if take:
                 parts[p] += run[:take]
                 remaining[p] -= take
