@@ -55,6 +55,8 @@ CATALOGUE: dict[str, Spec] = {
                                               "checkpoint", ("pipeline", "side")),
     "streamlearn_join_expired_events": Spec("gauge", "Events of the lineage that left the join without a "
                                                      "label within the TTL", _P),
+    "streamlearn_join_unlabelled_learned_events": Spec("gauge", "Events of the lineage learned with the pipeline's "
+                                                                "unlabelled_as target: no label within the TTL", _P),
     # drift (rank 0's detectors, streamlearn/train/drift.py)
     "streamlearn_drift_alarms": Spec("counter", "Drift alarms, by kind (error, input, positive) and signal",
                                      ("pipeline", "kind", "signal")),
@@ -284,11 +286,14 @@ def record_checkpoint(pipeline: str, version: int, loss: float | None, online: d
 
 
 @_guard
-def record_join(pipeline: str, pending: dict[str, int], expired: int) -> None:
-    """Rank 0, after a checkpoint of a pipeline with joined labels is durable."""
+def record_join(pipeline: str, pending: dict[str, int], expired: int, unlabelled: int | None = None) -> None:
+    """Rank 0, after a checkpoint of a pipeline with joined labels is durable (`unlabelled`: with
+    the pipeline's `unlabelled_as` only)."""
     for side, n in pending.items():
         _set("streamlearn_join_pending", n, {"pipeline": pipeline, "side": side})
     _set("streamlearn_join_expired_events", expired, {"pipeline": pipeline})
+    if unlabelled is not None:
+        _set("streamlearn_join_unlabelled_learned_events", unlabelled, {"pipeline": pipeline})
 
 
 @_guard

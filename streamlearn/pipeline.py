@@ -14,6 +14,7 @@ to the same rule (pipelines/fraud.py).
 from __future__ import annotations
 
 import importlib
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -36,7 +37,13 @@ class JoinedLabels:
     per event, joined to its event by `key` in the trainer (streamlearn/ingest/labelled.py).
     Either half waits for the other at most `ttl_s` (by the messages' Kafka timestamps), and at
     most `max_pending` rows per side wait across the run's partitions; what leaves unjoined is
-    counted (events) or dead-lettered with its reason (labels)."""
+    counted (events) or dead-lettered with its reason (labels).
+
+    `unlabelled_as`: where only one class is ever reported (a bank hears of fraud through a
+    chargeback; nobody reports a transaction as fine), an event whose label has not come within
+    the TTL is learned with this target instead of leaving unlearned: the TTL is then the
+    reporting window (a chargeback's), after which silence is the answer. An event pushed out by
+    `max_pending` before its TTL passed is still counted and left: its label may yet have come."""
 
     schema: Schema  # of one label message
     key: str = "event_id"  # the field an event and its label share
@@ -44,6 +51,7 @@ class JoinedLabels:
     suffix: str = ".labels"
     ttl_s: float = 7 * 86_400.0
     max_pending: int = 1_000_000
+    unlabelled_as: float | None = None
 
     def __post_init__(self):
         fields = {f.name for f in self.schema.fields}
@@ -53,6 +61,9 @@ class JoinedLabels:
         if self.ttl_s <= 0 or self.max_pending < 1:
             raise ConfigError(f"joined labels need ttl_s > 0 and max_pending >= 1, "
                               f"got {self.ttl_s} and {self.max_pending}")
+        if self.unlabelled_as is not None and not math.isfinite(self.unlabelled_as):
+            raise ConfigError(f"unlabelled_as is the target an event without a label is learned with (e.g. 0.0: "
+                              f"no chargeback, no fraud) or None; got {self.unlabelled_as}")
 
 
 class Pipeline(ABC):
@@ -108,8 +119,10 @@ class Pipeline(ABC):
         return torch.optim.Adam(params, lr=self.learning_rate, fused=True)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "task": self.task,
-                "labels": "inline" if self.labels is None else f"joined from <topic>{self.labels.suffix}"}
+        labels = "inline" if self.labels is None else f"joined from <topic>{self.labels.suffix}"
+        if self.labels is not None and self.labels.unlabelled_as is not None:
+            labels += f", {self.labels.unlabelled_as:g} when none comes within {self.labels.ttl_s:g} s"
+        return {"name": self.name, "version": self.version, "task": self.task, "labels": labels}
 
 
 def load_pipeline(spec: str) -> Pipeline:

@@ -277,16 +277,17 @@ class Side:
 @dataclass
 class Joined:
     """Events whose labels came: what the trainer learns (features, targets, event fingerprints).
-    `late` holds the labels that found their event but more than the TTL after it (the event
-    counts as expired, never learned), `duplicate` the labels refused because one for the same
-    event already waits: both go to the dead-letter topic, as do the events refused because one
-    with the same id already waits (`refused_events`, their rows in the input)."""
+    `late` holds the labels that found their event but more than the TTL after it (`late_events`:
+    those events, never labelled in time), `duplicate` the labels refused because one for the
+    same event already waits: both go to the dead-letter topic, as do the events refused because
+    one with the same id already waits (`refused_events`, their rows in the input)."""
 
     features: np.ndarray
     targets: np.ndarray
     crcs: np.ndarray
     keys: np.ndarray
     late: dict[str, np.ndarray] = field(default_factory=dict)
+    late_events: dict[str, np.ndarray] = field(default_factory=dict)  # the events of `late`: key, features, crc
     duplicate: dict[str, np.ndarray] = field(default_factory=dict)
     refused_events: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # input rows: id already waits
 
@@ -336,8 +337,10 @@ class JoinState:
         t = self._arrival("events", t, len(keys))
         found, labels = self.labels.take(keys)
         on_time = labels["t"] - t[found] <= self.ttl_s
+        late = np.flatnonzero(found)[~on_time]
         joined = Joined(features[found][on_time], labels["target"][on_time], crcs[found][on_time],
-                        keys[found][on_time], late=self._late({name: c[~on_time] for name, c in labels.items()}))
+                        keys[found][on_time], late=self._late({name: c[~on_time] for name, c in labels.items()}),
+                        late_events={"key": keys[late], "features": features[late], "crc": crcs[late]})
         rest = ~found
         taken = self.events.add({"key": keys[rest], "t": t[rest], "features": features[rest], "crc": crcs[rest]})
         self.duplicates["events"] += int((~taken).sum())
@@ -360,7 +363,8 @@ class JoinState:
                     "offset": _pick(offsets, index, np.int64), "value": _pick(values, index, f"S{LABEL_BYTES}")}
 
         joined = Joined(events["features"][on_time], targets[found][on_time], events["crc"][on_time],
-                        keys[found][on_time], late=self._late(rows(hit[~on_time])))
+                        keys[found][on_time], late=self._late(rows(hit[~on_time])),
+                        late_events={name: events[name][~on_time] for name in ("key", "features", "crc")})
         rest = rows(np.flatnonzero(~found))
         taken = self.labels.add(rest)
         self.duplicates["labels"] += int((~taken).sum())

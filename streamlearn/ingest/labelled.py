@@ -9,8 +9,13 @@ checkpoint (`snapshot`, `restore`).
 Time is the messages' own Kafka timestamps, never the trainer's clock. An event and its label
 join only if the label is at most the TTL after the event. After each window a partition's clock
 is the older of its two topics' newest timestamps, and what has waited more than the TTL before
-it leaves: an event as expired (counted: never labelled in time), a label to the dead-letter
-topic (no event for it within the TTL). A label within the TTL of its event is always read
+it leaves: an event as expired (counted: never labelled in time), or learned with the pipeline's
+`unlabelled_as` target where it has one (only frauds are ever reported: silence within the TTL
+says "legitimate"; counted as `defaulted`), and a label to the dead-letter topic (no event for it
+within the TTL). An event whose label comes after the TTL is treated alike whichever is read
+first (the clock expires it, or its late label finds it), so that choice does not depend on
+how windows cut the two topics either; an event the cap pushes out never counts as unlabelled
+(its TTL had not passed: its label may yet come). A label within the TTL of its event is always read
 before that clock passes the event's expiry, whichever topic the windows read further ahead, so
 a replay of the same offsets cut into other windows makes the same decisions, as long as
 timestamps rise with offsets in each partition of each topic (one producer per key, as the
@@ -67,7 +72,8 @@ class Outcome:
     crcs: list[np.ndarray] = field(default_factory=list)
     dead_events: list[tuple[Message, str]] = field(default_factory=list)
     dead_labels: list[tuple[Message, str]] = field(default_factory=list)
-    expired: int = 0  # events that left without their label
+    expired: int = 0  # events that left without their label, unlearned
+    defaulted: int = 0  # events learned with `unlabelled_as`: no label within the TTL (among those learned)
 
 
 class LabelJoin:
@@ -83,7 +89,6 @@ class LabelJoin:
         out = Outcome()
         for p in sorted(set(events) | set(labels)):
             state, clock = self._state(p)
-            expired_before = _events_expired(state)
             if p in events and len(events[p].keys):
                 e = events[p]
                 joined = state.add_events(e.keys, e.features, e.crcs, e.t)
@@ -97,9 +102,11 @@ class LabelJoin:
                 self._learn(out, joined, p)
                 out.dead_labels.extend(_messages(joined.duplicate, DUPLICATE_LABEL))
                 clock[1] = max(clock[1], float(lab.t.max()))
-            for gone in state.expire(float(clock.min()))["labels"]:
-                out.dead_labels.extend(_messages(gone.rows, self._late_reason))
-            out.expired += _events_expired(state) - expired_before
+            gone = state.expire(float(clock.min()))
+            for g in gone["labels"]:
+                out.dead_labels.extend(_messages(g.rows, self._late_reason))
+            for g in gone["events"]:  # the cap's evictions never count as unlabelled: their TTL had not passed
+                self._unlabelled(out, g.rows, learn=g.reason == "ttl")
         return out
 
     def _learn(self, out: Outcome, joined, p: int) -> None:
@@ -108,6 +115,23 @@ class LabelJoin:
             out.targets.append(joined.targets)
             out.crcs.append(joined.crcs)
         out.dead_labels.extend(_messages(joined.late, self._late_reason))
+        # An event whose label came after the TTL is the same event as one the clock expired
+        # first (which of the two happens depends on how windows cut the topics): it is unlabelled.
+        self._unlabelled(out, joined.late_events, learn=True)
+
+    def _unlabelled(self, out: Outcome, rows: dict[str, np.ndarray], learn: bool) -> None:
+        """Events that left without a label in time: learned with `unlabelled_as` where the
+        pipeline has one and their TTL passed, else counted as expired."""
+        n = len(rows.get("key", ()))
+        if not n:
+            return
+        if not learn or self.spec.unlabelled_as is None:
+            out.expired += n
+            return
+        out.features.append(rows["features"])
+        out.targets.append(np.full(n, self.spec.unlabelled_as, np.float32))
+        out.crcs.append(rows["crc"])
+        out.defaulted += n
 
     def _state(self, p: int) -> tuple[JoinState, np.ndarray]:
         if p not in self.states:
@@ -149,10 +173,6 @@ class LabelJoin:
                 self.states[p] = JoinState.restore(rows, self.n_features, self.spec.ttl_s, self.cap)
                 self.clocks[p] = rows["clock"].astype(np.float64)
                 self.written[p] = written
-
-
-def _events_expired(state: JoinState) -> int:
-    return sum(n for name, n in state.expired.items() if name.startswith("events."))
 
 
 def _messages(rows: dict[str, np.ndarray], reason: str) -> list[tuple[Message, str]]:

@@ -253,7 +253,7 @@ def decode(slices: pa.Table, pipeline: Pipeline) -> pa.Table:
 
 def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: float) -> dict:
     """One slice as a DECODED row: matrices as bytes, dead letters by coordinates and reason,
-    and with joined labels the labels dead-lettered, the events expired and, at a checkpoint
+    and with joined labels the labels dead-lettered, the events expired or learned unlabelled and, at a checkpoint
     window, the lane's join state (an .npz; empty bytes between checkpoints)."""
     x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
     join = b""
@@ -264,7 +264,7 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
            "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
-           "expired": batch.expired, "join": join}
+           "expired": batch.expired, "defaulted": batch.defaulted, "join": join}
     for prefix, dead in (("bad", batch.bad), ("bad_label", batch.bad_labels)):
         row.update({f"{prefix}_partition": [m.partition for m, _ in dead],
                     f"{prefix}_offset": [m.offset for m, _ in dead],
@@ -289,7 +289,7 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("bad_value", pa.list_(pa.binary())),
                      ("bad_label_partition", pa.list_(pa.int32())), ("bad_label_offset", pa.list_(pa.int64())),
                      ("bad_label_reason", pa.list_(pa.string())), ("bad_label_value", pa.list_(pa.binary())),
-                     ("expired", pa.int64()), ("join", pa.large_binary()),
+                     ("expired", pa.int64()), ("defaulted", pa.int64()), ("join", pa.large_binary()),
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 

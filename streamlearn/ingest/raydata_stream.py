@@ -249,7 +249,8 @@ class RayDataStream:
 
     def _batch(self, window: Window, rows: list[dict]) -> Batch:
         x0, y0 = self._empty
-        xs, ys, crcs, bad, bad_labels, expired, join = [x0], [y0], [np.empty(0, np.uint32)], [], [], 0, None
+        xs, ys, crcs, bad, bad_labels, join = [x0], [y0], [np.empty(0, np.uint32)], [], [], None
+        expired = defaulted = 0
         for r in rows:
             y = np.frombuffer(r["y"], dtype=r["y_dtype"])
             xs.append(np.frombuffer(r["x"], dtype=r["x_dtype"]).reshape(len(y), *x0.shape[1:]))
@@ -258,6 +259,7 @@ class RayDataStream:
             bad.extend(_dead(r, "bad"))
             bad_labels.extend(_dead(r, "bad_label"))
             expired += r["expired"]
+            defaulted += r["defaulted"]
             if (state := source.read_join_state(r)) is not None:  # a checkpoint window: each lane's state
                 join = {**(join or {}), **state}
             self.stats["read_s"] += r["read_s"]
@@ -265,7 +267,7 @@ class RayDataStream:
             self.stats["slices"] += 1
         # Copies: frombuffer views are read-only, and torch wants writable arrays.
         return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad,
-                     bad_labels=bad_labels, expired=expired,
+                     bad_labels=bad_labels, expired=expired, defaulted=defaulted,
                      join_delta=(join or {}) if window.checkpoint and self.label_topic is not None else None)
 
     def ingest_stats(self) -> dict:

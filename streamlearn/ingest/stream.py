@@ -41,12 +41,14 @@ class Batch:
     bad: list[tuple[Message, str]]  # dead-lettered once this window is learned, not when read
     read_s: float = 0.0
     # With joined labels (labelled.py): the rows are the events whose labels came in this
-    # window, whenever the events did; labels to dead-letter; events that left unlabelled;
+    # window, whenever the events did, and the events learned with the pipeline's `unlabelled_as`
+    # (`defaulted` of them); labels to dead-letter; events that left unlabelled and unlearned;
     # at a checkpoint window, what the checkpoint writes of the join state right after this
     # window (`LabelJoin.delta`: the read of the next one may already be under way when the
     # checkpoint is taken).
     bad_labels: list[tuple[Message, str]] = field(default_factory=list)
     expired: int = 0
+    defaulted: int = 0
     join_delta: dict[str, np.ndarray] | None = None
 
     @property
@@ -174,7 +176,7 @@ def join_window(pipeline: Pipeline, join: LabelJoin, window: Window, events: Dec
     targets = np.concatenate([np.empty(0, np.float32), *out.targets])
     crcs = np.concatenate([np.empty(0, np.uint32), *out.crcs])
     return Batch(window, features, targets, crcs, events.dead + out.dead_events,
-                 bad_labels=bad_labels + out.dead_labels, expired=out.expired,
+                 bad_labels=bad_labels + out.dead_labels, expired=out.expired, defaulted=out.defaulted,
                  join_delta=join.delta() if window.checkpoint else None)
 
 

@@ -67,7 +67,8 @@ class Evaluator:
         self.labels_topic = cfg.topic + spec.suffix if spec else cfg.topic
         self.label_schema = spec.schema if spec else pipeline.schema
         ttl = spec.ttl_s if spec else INLINE_TTL_S
-        self.quality = ServedQuality(pipeline.task, cfg.window, ttl, cfg.max_pending)
+        self.quality = ServedQuality(pipeline.task, cfg.window, ttl, cfg.max_pending,
+                                     unlabelled_as=spec.unlabelled_as if spec else None)
         self.lookback_s = cfg.lookback_s if cfg.lookback_s is not None else min(ttl, 3600.0)
         self.skipped: Counter[str] = Counter()  # unreadable messages, by topic side
         self.joined_since_row = 0
@@ -137,6 +138,7 @@ class Evaluator:
         row = {"t": time.time(), "overall": self.quality.overall_summary(),
                "versions": {str(v): s for v, s in self.quality.summary(VERSIONS_SHOWN).items()},
                "joined": self.quality.joined_total, "joined_since": self.joined_since_row,
+               **({"unlabelled": self.quality.unlabelled_total} if self.quality.unlabelled_as is not None else {}),
                "pending": {"answers": pending["events"], "labels": pending["labels"]},
                "expired": {("answers" if k.startswith("events.") else "labels") + k[k.index("."):]: n
                            for k, n in self.quality.join.expired.items()},

@@ -6,7 +6,9 @@ answers callers acted on turned out. Those answers (event id, model version, sco
 their labels, hours or weeks later, in the same join state as the trainer's (`ingest/join.py`:
 both sides wait, bounded by a TTL and a cap, expiry counted), and each joined pair lands in the
 sliding window of the version that gave the answer. An event scored twice (a client's retry)
-counts once, with its first answer.
+counts once, with its first answer. Where the pipeline learns silence as an answer
+(`JoinedLabels.unlabelled_as`: only frauds are ever reported), an answer with no label within the
+TTL is judged against that target too, as the trainer learned it; without it, it leaves unjudged.
 
 Besides each version's window, one window holds the newest answers of every version: versions
 follow each other every few seconds, so what an operator watches over time is that one; the
@@ -26,14 +28,16 @@ from streamlearn.train.prequential import SlidingWindow, summarize
 
 class ServedQuality:
     def __init__(self, task: str, window: int = 5_000, ttl_s: float = 7 * 86_400.0, max_pending: int = 1_000_000,
-                 keep_versions: int = 20):
+                 keep_versions: int = 20, unlabelled_as: float | None = None):
         self.task, self.window, self.keep_versions = task, window, keep_versions
+        self.unlabelled_as = unlabelled_as
         # An answer waits as an "event" whose two features are its score and its version.
         self.join = JoinState(2, ttl_s, max_pending)
         self.overall = SlidingWindow(window)
         self.windows: dict[int, SlidingWindow] = {}
         self.joined: dict[int, int] = {}  # version -> answers joined with their label, ever
         self.joined_total = 0
+        self.unlabelled_total = 0  # answers judged against `unlabelled_as`: no label within the TTL
 
     def add_answers(self, ids: Iterable[str], versions: np.ndarray, scores: np.ndarray, t) -> int:
         """Answers given at `t` (seconds, one or one per answer); returns how many met a waiting label."""
@@ -51,20 +55,32 @@ class ServedQuality:
 
     def expire(self, now: float) -> dict[str, int]:
         """Drop answers and labels that waited past the TTL or the cap; the counts so far, by side and reason."""
-        self.join.expire(now)
+        for gone in self.join.expire(now)["events"]:
+            if gone.reason == "ttl":  # the cap's evictions stay unjudged: their label may yet come
+                self._unlabelled(gone.rows["features"])
         return dict(self.join.expired)
 
     def _record(self, joined: Joined) -> int:
-        scores, versions = joined.features[:, 0].astype(np.float64), joined.features[:, 1].astype(np.int64)
-        self.overall.add(scores, joined.targets)
-        self.joined_total += joined.size
+        self._unlabelled(joined.late_events["features"])  # its label came after the TTL
+        return self._judge(joined.features, joined.targets)
+
+    def _unlabelled(self, answers: np.ndarray) -> None:
+        if self.unlabelled_as is not None and len(answers):
+            self._judge(answers, np.full(len(answers), self.unlabelled_as, np.float32), labelled=False)
+            self.unlabelled_total += len(answers)
+
+    def _judge(self, answers: np.ndarray, targets: np.ndarray, labelled: bool = True) -> int:
+        """Answers and what they turned out to be, into the windows; `joined` counts those whose label came."""
+        scores, versions = answers[:, 0].astype(np.float64), answers[:, 1].astype(np.int64)
+        self.overall.add(scores, targets)
+        self.joined_total += len(targets) if labelled else 0
         for version in np.unique(versions).tolist():
             mine = versions == version
-            self.windows.setdefault(version, SlidingWindow(self.window)).add(scores[mine], joined.targets[mine])
-            self.joined[version] = self.joined.get(version, 0) + int(mine.sum())
+            self.windows.setdefault(version, SlidingWindow(self.window)).add(scores[mine], targets[mine])
+            self.joined[version] = self.joined.get(version, 0) + (int(mine.sum()) if labelled else 0)
         for old in sorted(self.windows)[:-self.keep_versions]:
             del self.windows[old], self.joined[old]
-        return joined.size
+        return len(targets)
 
     def summary(self, newest: int | None = None) -> dict[int, dict]:
         """Per version (the `newest` few, or all kept): the task's metrics over its window of labelled

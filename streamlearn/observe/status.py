@@ -102,9 +102,11 @@ def _training(snap: dict | None, now: float, problem: str | None, failure: dict 
             table.add_row("ingest", _ingest(cp["ingest"]))
         if cp.get("join"):  # joined labels: what waits, what left unlabelled
             join = cp["join"]
+            unlabelled = (f", {_int(join['unlabelled'])} learned without one (no label within the TTL)"
+                          if "unlabelled" in join else "")
             table.add_row("labels", f"joined from the labels topic: {_int(join.get('events'))} events and "
                                     f"{_int(join.get('labels'))} labels waiting, {_int(join.get('expired'))} "
-                                    "events expired unlabelled (lineage)")
+                                    f"events expired unlabelled{unlabelled} (lineage)")
     else:
         table.add_row("checkpoint", "none yet")
     going = snap.get("resizing")
@@ -229,8 +231,9 @@ def _served(row: dict | None, now: float) -> str:
     per = ", ".join(f"v{v} {s['auc']:.3f}" for v, s in list(versions.items())[-3:]
                     if isinstance(s.get("auc"), float))
     expired = sum(n for k, n in (row.get("expired") or {}).items() if k.startswith("answers"))
+    judged = f" ({_int(row['unlabelled'])} of them judged as unlabelled_as says)" if "unlabelled" in row else ""
     return (f"{head or 'n/a'} (last {_int(overall['window'])} answers{'; ' + per if per else ''}), "
-            f"{_int(row.get('joined'))} joined, {_int(expired)} answers never labelled, "
+            f"{_int(row.get('joined'))} joined, {_int(expired)} answers never labelled{judged}, "
             f"{_age(now, row.get('t'))} ago")
 
 

@@ -9,8 +9,9 @@ the events a test produced, so an event learned twice or never would show.
 With joined labels (ingest/labelled.py) an event may also have expired unlabelled or still be
 waiting in the join state, and the labels topic has offsets of its own:
     learned + (dead_lettered - labels_dead_lettered) + expired + pending events == events consumed
-    learned + labels_dead_lettered + pending labels == labels consumed
-(every learned event joined exactly one label; the pending counts are in the checkpoint's meta).
+    (learned - defaulted) + labels_dead_lettered + pending labels == labels consumed
+(every learned event joined exactly one label, but those the pipeline learns with `unlabelled_as`
+once none came within the TTL: `defaulted`; the pending counts are in the checkpoint's meta).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Counters:
     steps: int = 0
     expired: int = 0  # joined labels: events that left the join state without their label
     labels_dead_lettered: int = 0  # joined labels: the part of dead_lettered that was labels
+    defaulted: int = 0  # joined labels: the part of learned that had no label (`unlabelled_as`)
 
     def add(self, other: Counters) -> None:
         self.learned += other.learned
@@ -38,6 +40,7 @@ class Counters:
         self.steps += other.steps
         self.expired += other.expired
         self.labels_dead_lettered += other.labels_dead_lettered
+        self.defaulted += other.defaulted
 
 
 @dataclass

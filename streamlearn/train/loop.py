@@ -153,7 +153,7 @@ def train_loop_per_worker(config: dict) -> None:
             record_window(pipeline.name, batch.size, dead_by_reason(batch.bad + batch.bad_labels),
                           steps if rank == 0 else 0)
             delta.add(Counters(batch.size, batch.dead_lettered, learned_fp, steps, expired=batch.expired,
-                               labels_dead_lettered=len(batch.bad_labels)))
+                               labels_dead_lettered=len(batch.bad_labels), defaulted=batch.defaulted))
             if steps and startup.mark("first_step_done"):
                 startup.marks["first_window_events"] = window.size  # learned before the steady rate's clock starts
             loss_sum += batch_loss
@@ -284,13 +284,16 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
                         "pending": {side: sum(int(a[3]) for name, a in join.items() if name.endswith(f"/{side}.range"))
                                     for side in ("events", "labels")}}
         metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
+        if pipeline.labels.unlabelled_as is not None:  # learned with it: counted apart, never silent
+            metrics["join"]["unlabelled"] = lineage.totals.defaulted
     version, totals = lineage.version, dict(vars(lineage.totals))
 
     def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
         _append_row(cfg, "history", _history_row(meta))
         record_checkpoint(pipeline.name, version, metrics["train_loss"], metrics["online"], meta["written_at"])
         if "join" in metrics:  # expiry is counted and shown, never silent
-            record_join(pipeline.name, meta["join"]["pending"], metrics["join"]["expired"])
+            record_join(pipeline.name, meta["join"]["pending"], metrics["join"]["expired"],
+                        metrics["join"].get("unlabelled"))
         log("checkpoint", pipeline=pipeline.name, rank=0, version=version, learned=totals["learned"],
             dead_lettered=totals["dead_lettered"], online=metrics["online"], train_loss=metrics["train_loss"])
 
@@ -428,14 +431,14 @@ def _split_size(n: int, parts: int, index: int) -> int:
 
 def _sum_counters(delta: Counters, loss_sum: float) -> tuple[Counters, float]:
     values = torch.tensor([delta.learned, delta.dead_lettered, delta.fingerprint, delta.steps, delta.expired,
-                           delta.labels_dead_lettered], dtype=torch.int64)
+                           delta.labels_dead_lettered, delta.defaulted], dtype=torch.int64)
     loss = torch.tensor([loss_sum], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values)
         dist.all_reduce(loss)
-    learned, dead, fp, _steps, expired, labels_dead = values.tolist()
+    learned, dead, fp, _steps, expired, labels_dead, defaulted = values.tolist()
     # Steps are the same on every rank (lockstep), so take one rank's count rather than the sum.
-    return Counters(learned, dead, fp, delta.steps, expired, labels_dead), float(loss.item())
+    return Counters(learned, dead, fp, delta.steps, expired, labels_dead, defaulted), float(loss.item())
 
 
 def _dead_letter_positions(last: dict[int, int], written: list[dict[int, int]],

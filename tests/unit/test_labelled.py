@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from streamlearn.errors import ConfigError
 from streamlearn.ingest.join import LABEL_BYTES, join_keys
 from streamlearn.ingest.labelled import DUPLICATE_EVENT, DUPLICATE_LABEL, Events, LabelJoin, Labels
 from streamlearn.ingest.reader import Message
@@ -15,7 +16,9 @@ from streamlearn.pipeline import JoinedLabels
 from streamlearn.schema import Field, Schema
 
 TTL = 10.0
-SPEC = JoinedLabels(Schema("label", (Field("event_id", "str"), Field("label", "bool"))), ttl_s=TTL, max_pending=10**6)
+LABEL = Schema("label", (Field("event_id", "str"), Field("label", "bool")))
+SPEC = JoinedLabels(LABEL, ttl_s=TTL, max_pending=10**6)
+CHARGEBACKS = JoinedLabels(LABEL, ttl_s=TTL, max_pending=10**6, unlabelled_as=0.0)  # silence means "legitimate"
 D = 3
 
 
@@ -46,27 +49,29 @@ def _labels(label_ids, label_t, lo, hi) -> Labels:
                   np.array([f"L{i}".encode() for i in ids], dtype=f"S{LABEL_BYTES}"), label_t[lo:hi])
 
 
-def run(seed: int, cut_seed: int, restore_at: int | None = None) -> dict:
+def run(seed: int, cut_seed: int, restore_at: int | None = None, spec: JoinedLabels = SPEC) -> dict:
     """Join the partition's stream in windows cut at random (each topic on its own), optionally
-    checkpointing and restoring into a fresh join after window `restore_at`."""
+    checkpointing and restoring into a fresh join after window `restore_at`. `joined`: the learned
+    events' (fingerprint, target)."""
     t, label_ids, label_t = stream(seed)
     rng = np.random.default_rng(cut_seed)
-    join, e, lab, w = LabelJoin(SPEC, D, 1), 0, 0, 0
-    joined, dead, expired = [], [], 0
+    join, e, lab, w = LabelJoin(spec, D, 1), 0, 0, 0
+    joined, dead, expired, defaulted = [], [], 0, 0
     while e < len(t) or lab < len(label_ids):
         e2 = min(len(t), e + int(rng.integers(0, 80)))
         l2 = min(len(label_ids), lab + int(rng.integers(0, 80)))
         out = join.window({0: _events(t, e, e2)} if e2 > e else {},
                           {0: _labels(label_ids, label_t, lab, l2)} if l2 > lab else {})
-        joined += [int(c) for c in np.concatenate([np.empty(0, np.uint32), *out.crcs])]
+        joined += _learned(out)
         # A second label for one event is dead-lettered whichever way the windows fall: refused as a
         # duplicate while the first still waits, or left alone without an event once the first joined.
         dead += [(m.offset, reason.split(":")[0].replace("duplicate_label", "label_without_event"))
                  for m, reason in out.dead_labels + out.dead_events]
         expired += out.expired
+        defaulted += out.defaulted
         e, lab, w = e2, l2, w + 1
         if w == restore_at:
-            fresh = LabelJoin(SPEC, D, 1)
+            fresh = LabelJoin(spec, D, 1)
             fresh.restore({k: v.copy() for k, v in join.snapshot().items()}, lambda p: True)
             join = fresh
     pending = join.pending
@@ -78,8 +83,13 @@ def run(seed: int, cut_seed: int, restore_at: int | None = None) -> dict:
                                  np.array([b""], dtype=f"S{LABEL_BYTES}"), np.array([1e9]))})
     dead += [(m.offset, reason.split(":")[0].replace("duplicate_label", "label_without_event"))
              for m, reason in out.dead_labels]
-    return {"joined": sorted(joined), "dead": sorted(dead), "expired": expired + out.expired, "pending": pending,
-            "n": (len(t), len(label_ids))}
+    return {"joined": sorted(joined + _learned(out)), "dead": sorted(dead), "expired": expired + out.expired,
+            "defaulted": defaulted + out.defaulted, "pending": pending, "n": (len(t), len(label_ids))}
+
+
+def _learned(out) -> list[tuple[int, float]]:
+    return list(zip(np.concatenate([np.empty(0, np.uint32), *out.crcs]).tolist(),
+                    np.concatenate([np.empty(0, np.float32), *out.targets]).tolist(), strict=True))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -127,3 +137,41 @@ def test_a_rank_restores_only_its_own_partitions():
     mine = LabelJoin(SPEC, D, 4)
     mine.restore(join.snapshot(), lambda p: p % 2 == 1)
     assert sorted(mine.states) == [1, 3] and mine.pending["events"] == 100
+
+
+def test_with_unlabelled_as_every_event_is_learned_once_and_the_unlabelled_as_its_target():
+    """A bank that hears only of fraud (chargebacks): an event with no label within the TTL is
+    learned as legitimate, by the same decisions whatever the windows and restores, and exactly
+    the events the plain join would have expired are the ones learned so."""
+    plain = run(5, cut_seed=21)
+    first = run(5, cut_seed=21, spec=CHARGEBACKS)
+    for cut, restore_at in ((22, None), (23, 4), (24, 9)):
+        assert run(5, cut_seed=cut, restore_at=restore_at, spec=CHARGEBACKS) == first
+    events, labels = first["n"]
+    learned = [crc for crc, _ in first["joined"]]
+    assert sorted(learned) == list(range(1, events + 1))  # every event, once (crc = its index + 1)
+    assert first["expired"] == 0 and first["defaulted"] == plain["expired"] > 50
+    labelled = set(plain["joined"])  # (crc, its label): learned with it as before
+    assert labelled <= set(first["joined"])
+    unlabelled = [x for x in first["joined"] if x not in labelled]
+    assert len(unlabelled) == first["defaulted"] and {target for _, target in unlabelled} == {0.0}
+    # every label is joined once or dead-lettered, exactly as without the default
+    assert first["dead"] == plain["dead"] and len(labelled) + len(first["dead"]) == labels
+
+
+def test_an_event_the_cap_pushes_out_is_not_learned_as_unlabelled():
+    """The cap evicts before the TTL passed: the event's label may still come, so it is counted
+    as expired and never learned with the default."""
+    spec = JoinedLabels(LABEL, ttl_s=TTL, max_pending=4, unlabelled_as=0.0)
+    join = LabelJoin(spec, D, 1)
+    out = join.window({0: _events(np.linspace(0.0, 1.0, 10), 0, 10)}, {})
+    assert (out.expired, out.defaulted, len(out.targets)) == (6, 0, 0) and join.pending["events"] == 4
+    later = Labels(join_keys(["other"]), np.zeros(1, np.float32), np.array([0]),
+                   np.array([b"x"], dtype=f"S{LABEL_BYTES}"), np.array([100.0]))
+    out = join.window({0: _events(np.full(11, 100.0), 10, 11)}, {0: later})  # time moves past the four's TTL
+    assert (out.expired, out.defaulted) == (0, 4) and _learned(out) == [(7, 0.0), (8, 0.0), (9, 0.0), (10, 0.0)]
+
+
+def test_unlabelled_as_must_be_a_number():
+    with pytest.raises(ConfigError, match="unlabelled_as"):
+        JoinedLabels(LABEL, unlabelled_as=float("nan"))

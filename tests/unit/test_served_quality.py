@@ -89,3 +89,25 @@ def test_publishing_answers_needs_a_topic_and_its_kafka_and_events_with_an_id():
 
     with pytest.raises(ConfigError, match="no 'event_id' field"):
         id_field(NoId())
+
+
+def test_with_unlabelled_as_an_answer_never_labelled_is_judged_as_silence_says():
+    """Only frauds are reported: an answer with no label within the TTL (expired, or whose label
+    came too late) is judged as legitimate; without `unlabelled_as` it would leave unjudged, and
+    the frauds alone give no AUC."""
+    quality = ServedQuality("classification", ttl_s=10.0, unlabelled_as=0.0)
+    ids = [f"e{i}" for i in range(100)]
+    scores = np.linspace(0.0, 1.0, 100)  # the ten highest are the frauds: a perfect ranking
+    quality.add_answers(ids, np.full(100, 4), scores, t=0.0)
+    assert quality.add_labels(ids[90:99], np.ones(9), t=5.0) == 9
+    assert quality.overall_summary()["window"] == 9 and quality.unlabelled_total == 0
+    assert quality.add_labels(["e99"], np.ones(1), t=12.0) == 0  # its chargeback comes after the TTL: late
+    assert quality.expire(now=13.0) == {"events.late": 1, "events.ttl": 90}
+    summary = quality.summary()[4]
+    assert (summary["window"], summary["joined"], quality.unlabelled_total) == (100, 9, 91)
+    assert summary["auc"] == pytest.approx(90 / 91)  # e99, judged legitimate, outranks the nine frauds
+    cap = ServedQuality("classification", ttl_s=10.0, max_pending=5, unlabelled_as=0.0)
+    cap.add_answers(ids[:10], np.full(10, 1), scores[:10], t=0.0)
+    cap.expire(now=1.0)  # five pushed out by the cap before their TTL: not judged
+    assert (cap.unlabelled_total, cap.expire(now=11.0)) == (0, {"events.cap": 5, "events.ttl": 5})
+    assert cap.unlabelled_total == 5

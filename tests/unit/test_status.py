@@ -64,6 +64,10 @@ def test_status_shows_what_waits_in_the_join_of_delayed_labels():
     flat = " ".join(render_text(snapshot, MODEL, now=NOW).split())
     assert "1,234 events and 5 labels waiting, 67 events expired unlabelled" in flat, flat
     assert "labels waiting" not in " ".join(render_text(SNAPSHOT, MODEL, now=NOW).split())  # inline labels
+    chargebacks = {**join, "unlabelled": 9876}  # a pipeline with unlabelled_as
+    snapshot = SNAPSHOT | {"checkpoint": {**SNAPSHOT["checkpoint"], "join": chargebacks}}
+    flat = " ".join(render_text(snapshot, MODEL, now=NOW).split())
+    assert "67 events expired unlabelled, 9,876 learned without one (no label within the TTL)" in flat, flat
 
 
 def test_status_without_any_source_says_unavailable_with_hints():
@@ -116,6 +120,8 @@ def test_status_shows_the_quality_of_what_was_served_or_how_to_measure_it():
     flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW, served=served).split())
     assert ("served quality AUC 0.9312 logloss 0.0811 (last 5,000 answers; v40 0.925, v41 0.940), 123,456 "
             "joined, 7 answers never labelled, 3 s ago") in flat
+    flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW, served={**served, "unlabelled": 5}).split())
+    assert "7 answers never labelled (5 of them judged as unlabelled_as says), 3 s ago" in flat, flat
     flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW).split())
     assert "served quality not measured: deploy the scorer with --scores-topic and run `streamlearn evaluate`" in flat
     waiting = {"t": NOW, "overall": {"window": 0}, "pending": {"answers": 42}}
