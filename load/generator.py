@@ -462,5 +462,6 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             "per_partition": dict(enumerate(per_partition)), "seconds": seconds,
             "events_per_s": sent / seconds if seconds > 0 else 0.0, "topic": topic,
             **({"labels": {"topic": labels_topic, "sent": labels_sent, "unlabelled": label_queue.unlabelled,
-                           "delay": str(labels.delay), "unlabelled_fraction": labels.unlabelled_fraction}}
+                           "delay": str(labels.delay), "unlabelled_fraction": labels.unlabelled_fraction,
+                           "fraud_only": labels.fraud_only}}
                if label_queue is not None else {})}

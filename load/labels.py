@@ -9,7 +9,10 @@ delay drawn from the plan's distribution, its label to `<topic>.labels`:
 keyed and partitioned like its event (the same customer id, so partition p of the labels topic
 carries exactly the labels of partition p's events: a trainer rank that reads an event partition
 finds its labels in the same partition number). `unlabelled_fraction` of the events never get
-one. Malformed events get none either: they are dead-lettered, never learned. Delays are drawn
+one. With `fraud_only`, only frauds get a label, as a bank hears of fraud through chargebacks and
+of a legitimate transaction never (a pipeline with `unlabelled_as` learns the silence as its
+answer: pipelines/fraud_chargebacks.py). Malformed events get none either: they are
+dead-lettered, never learned. Delays are drawn
 from the run's seed (the same run labels the same events after the same delays) and are wall
 clock: a label for an event produced at t goes at t + delay; `label_time` is the event's own
 time plus the same delay.
@@ -67,6 +70,7 @@ def parse_label_delay(spec: str) -> LabelDelay:
 class LabelPlan:
     delay: LabelDelay
     unlabelled_fraction: float = 0.0
+    fraud_only: bool = False  # legitimate events never get a label (a bank's chargebacks)
 
     def __post_init__(self):
         if not 0.0 <= self.unlabelled_fraction <= 1.0:
@@ -93,6 +97,8 @@ class LabelQueue:
         n = len(events)
         delays = self.plan.delay.draw(self._rng, n)
         never = self._rng.random(n) < self.plan.unlabelled_fraction
+        if self.plan.fraud_only:  # after the draws: the same seed delays the same frauds' labels alike
+            never |= ~np.array([e["is_fraud"] for e in events], dtype=bool)
         self.unlabelled += int(never.sum())
         for event, key, partition, delay, skip in zip(events, keys, partitions, delays.tolist(), never.tolist(),
                                                       strict=True):

@@ -93,6 +93,9 @@ def load(bootstrap: str | None = BOOTSTRAP,
                                                            "seconds. Default: the label is in the event."),
          unlabelled_fraction: float = typer.Option(0.0, min=0.0, max=1.0,
                                                    help="With --label-delay: share of events never labelled."),
+         fraud_labels_only: bool = typer.Option(False, help="With --label-delay: only frauds get a label, as a bank "
+                                                             "hears only of chargebacks (pipeline fraud_chargebacks "
+                                                             "learns the rest as legitimate after its TTL)."),
          seed: int = 0,
          quiet: bool = typer.Option(False, help="No live progress line.")):
     """The load generator: simulated customers producing banking events; prints a JSON summary."""
@@ -103,9 +106,11 @@ def load(bootstrap: str | None = BOOTSTRAP,
 
     settings = _kafka(bootstrap)
     chosen = parse_profile(profile) if profile else (parse_profile(f"constant:{rate}") if rate else None)
-    if unlabelled_fraction and label_delay is None:
-        raise ConfigError("--unlabelled-fraction needs --label-delay: inline labels are always there")
-    labels = LabelPlan(parse_label_delay(label_delay), unlabelled_fraction) if label_delay is not None else None
+    if (unlabelled_fraction or fraud_labels_only) and label_delay is None:
+        raise ConfigError("--unlabelled-fraction and --fraud-labels-only need --label-delay: inline labels are "
+                          "always there")
+    labels = (LabelPlan(parse_label_delay(label_delay), unlabelled_fraction, fraud_labels_only)
+              if label_delay is not None else None)
     ensure_topics(settings, {topic: partitions, f"{topic}.dlq": 1,
                              **({topic + LABELS_SUFFIX: partitions} if labels else {})})
     summary = run_load(settings.bootstrap, topic, partitions=partitions, profile=chosen, count=count,

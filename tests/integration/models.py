@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from streamlearn.pipeline import load_pipeline
+from pipelines.banking import LABEL
+from streamlearn.pipeline import JoinedLabels, load_pipeline
 from streamlearn.train import checkpoint
 
 FRAUD = load_pipeline("fraud")
@@ -26,6 +27,13 @@ def write_checkpoint(run_dir: Path, version: int, *, tamper: bool = False) -> Pa
         other = {k: v + 1.0 for k, v in FRAUD.build_model().state_dict().items()}
         torch.save({"model": other, "optimizer": None}, path / "model.pt")
     return path
+
+
+class ShortChargebacks(load_pipeline("fraud_chargebacks").__class__):
+    """fraud_chargebacks with a 2-s chargeback window: what a test can wait out."""
+
+    name = "fraud-chargebacks-2s"
+    labels = JoinedLabels(LABEL, ttl_s=2.0, unlabelled_as=0.0)
 
 
 class MetricsFraud(load_pipeline("fraud").__class__):

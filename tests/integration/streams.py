@@ -38,6 +38,24 @@ def expected_learning(messages: list[Message]) -> dict:
             "fingerprint": fp % FINGERPRINT_MOD}
 
 
+def read_stamped(settings: KafkaSettings, topic: str) -> list[tuple[int, int, float, bytes]]:
+    """Every message of `topic`: (partition, offset, Kafka timestamp in s, value)."""
+    consumer = Consumer({**settings.confluent(), "group.id": "test-stamped", "enable.auto.commit": False})
+    try:
+        out = []
+        for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            consumer.assign([TopicPartition(topic, p, low)])
+            while low < high:
+                msg = consumer.poll(5)
+                assert msg is not None and not msg.error(), f"{topic} [{p}] ended early: {msg and msg.error()}"
+                out.append((p, msg.offset(), msg.timestamp()[1] / 1000.0, msg.value()))
+                low = msg.offset() + 1
+        return out
+    finally:
+        consumer.close()
+
+
 def dead_letter_keys(settings: KafkaSettings, topic: str) -> list[bytes]:
     consumer = Consumer({**settings.confluent(), "group.id": "test-dlq", "enable.auto.commit": False})
     try:

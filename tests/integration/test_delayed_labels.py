@@ -34,12 +34,14 @@ from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
-from .streams import dead_letter_keys, read_topic
+from .models import ShortChargebacks
+from .streams import dead_letter_keys, read_stamped, read_topic
 from .test_faults import Training, checkpoint_after, finish_training, recovery
 from .test_training import INGESTS, config, train_workers
 
 pytestmark = pytest.mark.integration
 PLAN = LabelPlan(parse_label_delay("uniform:0.2:2.0"), unlabelled_fraction=0.1)
+CHARGEBACKS = LabelPlan(parse_label_delay("uniform:0.1:0.5"), fraud_only=True)  # well within the 2-s window
 
 
 class LabelledLoad(threading.Thread):
@@ -150,3 +152,49 @@ def test_delayed_labels_are_learned_once_through_an_aimed_kill_at_a_checkpoint(
     assert meta["join"]["pending"]["events"] > 0  # the never-labelled tenth waits
     newest = ckpt.newest(run_dir(cfg))
     assert any(p.stat().st_nlink > 1 for p in newest.glob("join-*.npz")), "no join rows carried by a link"
+
+
+@INGESTS
+@pytest.mark.timeout(600)
+def test_with_chargebacks_only_every_event_is_learned_once_the_silent_ones_as_legitimate(
+        kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, ingest):
+    """A bank hears only of fraud: frauds get a label, nothing else does, and the pipeline learns
+    an event with no chargeback within its window (2 s) as legitimate (`unlabelled_as`). Killed
+    between a checkpoint's publish and its offsets' commit, the replay must decide as the lost run
+    did. Checked against both topics, recomputing the join's decisions from the messages' own
+    timestamps: each partition's clock is the older of its two topics' newest times, and an
+    event without a label leaves (learned as legitimate) once it is more than the window behind."""
+    ensure_topics(kafka_settings, {f"{topic}.labels": 4})
+    run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:1000"), count=16_000,
+             bad_fraction=0.02, seed=79, labels=CHARGEBACKS)
+    fault = "after_publish_before_commit@rank0#4"
+    cfg = config(tmp_path, topic, pipeline="tests.integration.models:ShortChargebacks", window_events=1000,
+                 checkpoint_every_steps=8, checkpoint_every_s=3600.0, until_idle_s=3.0, max_failures=2, ingest=ingest)
+    monkeypatch.setenv("STREAMLEARN_FAULT", fault)
+    train(cfg, kafka_settings)
+    assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
+
+    labels = {json.loads(v)["event_id"]: (p, t) for p, _, t, v in read_stamped(kafka_settings, f"{topic}.labels")}
+    events, bad = [], 0
+    for p, _, t, value in read_stamped(kafka_settings, topic):
+        try:
+            events.append((p, t, UNLABELLED_TRANSACTION.decode(value)["event_id"], zlib.crc32(value)))
+        except BadEvent:
+            bad += 1
+    clock = {p: min(max(t for q, t, *_ in events if q == p), max(t for q, t in labels.values() if q == p))
+             for p in range(4)}
+    ttl = ShortChargebacks.labels.ttl_s
+    silent = [(i, crc) for p, t, i, crc in events if i not in labels and t < clock[p] - ttl]
+    frauds = [(i, crc) for _, _, i, crc in events if i in labels]
+    assert len(frauds) == len(labels) > 100 and len(silent) > 0.8 * len(events)
+
+    meta = ckpt.read_meta(ckpt.newest(run_dir(cfg)))
+    counters = meta["counters"]
+    assert (counters["learned"], counters["defaulted"]) == (len(frauds) + len(silent), len(silent))
+    assert counters["fingerprint"] == sum(crc for _, crc in frauds + silent) % FINGERPRINT_MOD
+    assert (counters["dead_lettered"], counters["labels_dead_lettered"], counters["expired"]) == (bad, 0, 0)
+    assert meta["join"]["pending"] == {"events": len(events) - len(frauds) - len(silent), "labels": 0}
+    last = json.loads((run_dir(cfg) / "history.jsonl").read_text().splitlines()[-1])
+    assert last["join"]["unlabelled"] == len(silent)
+    # learned with silence as "legitimate", the model ranks frauds above the rest
+    assert meta["metrics"]["online"]["auc"] > 0.75, meta["metrics"]["online"]

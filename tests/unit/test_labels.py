@@ -92,12 +92,26 @@ def test_run_load_sends_each_valid_events_label_after_it_and_none_for_bad_events
     labels = [json.loads(value) for topic, (_, value, _) in sent if topic == "tx.labels"]
     assert topics.index("tx.labels") > 0 and len(events) == summary["events"] == 3000 and summary["bad"] == 60
     assert summary["labels"] == {"topic": "tx.labels", "sent": len(labels), "delay": "fixed:0.2",
-                                 "unlabelled": summary["valid"] - len(labels), "unlabelled_fraction": 0.1}
+                                 "unlabelled": summary["valid"] - len(labels), "unlabelled_fraction": 0.1,
+                                 "fraud_only": False}
     assert 0.07 < summary["labels"]["unlabelled"] / summary["valid"] < 0.13
     valid = [json.loads(v) for v in events if v.startswith(b'{"event_id":"5-')]
     assert len(valid) == summary["valid"] and all("is_fraud" not in e for e in valid)
     ids = {e["event_id"] for e in valid}
     assert {lab["event_id"] for lab in labels} <= ids and len({lab["event_id"] for lab in labels}) == len(labels)
+
+
+def test_with_fraud_only_the_frauds_and_only_they_get_their_label(stub):  # noqa: F811
+    """A bank's chargebacks: the same run's frauds are labelled, after the same delays, and no
+    legitimate event is."""
+    def labels(plan: LabelPlan, producer) -> dict[str, dict]:
+        run_load("localhost:1", "tx", partitions=4, count=4000, seed=6, labels=plan)
+        return {lab["event_id"]: lab for lab in map(json.loads, (v for _, v, _ in stub[producer].sent
+                                                                 if b'"label"' in v))}
+
+    delay = parse_label_delay("uniform:0:0.2")
+    every, frauds = labels(LabelPlan(delay), 0), labels(LabelPlan(delay, fraud_only=True), 1)
+    assert frauds == {i: lab for i, lab in every.items() if lab["label"]} and len(frauds) > 20
 
 
 def test_delays_follow_the_distribution():
