@@ -43,7 +43,8 @@ class JoinedLabels:
     chargeback; nobody reports a transaction as fine), an event whose label has not come within
     the TTL is learned with this target instead of leaving unlearned: the TTL is then the
     reporting window (a chargeback's), after which silence is the answer. An event pushed out by
-    `max_pending` before its TTL passed is still counted and left: its label may yet have come."""
+    `max_pending` before its TTL passed is learned so too (the cap shortens the window: size it
+    to rate x TTL; a label that comes after is dead-lettered), counted among the unlabelled."""
 
     schema: Schema  # of one label message
     key: str = "event_id"  # the field an event and its label share

@@ -14,14 +14,19 @@ it leaves: an event as expired (counted: never labelled in time), or learned wit
 says "legitimate"; counted as `defaulted`), and a label to the dead-letter topic (no event for it
 within the TTL). An event whose label comes after the TTL is treated alike whichever is read
 first (the clock expires it, or its late label finds it), so that choice does not depend on
-how windows cut the two topics either; an event the cap pushes out never counts as unlabelled
-(its TTL had not passed: its label may yet come). A label within the TTL of its event is always read
-before that clock passes the event's expiry, whichever topic the windows read further ahead, so
-a replay of the same offsets cut into other windows makes the same decisions, as long as
-timestamps rise with offsets in each partition of each topic (one producer per key, as the
-generator writes them). The cap is the exception: what it evicts depends on how windows
-interleave the two topics, so a crash while the cap evicts can leave the dead letter of a label
-that the replay then joins (docs/DECISIONS.md §20).
+how windows cut the two topics either. An event the cap pushes out is treated as one whose TTL
+passed (its label may yet come, and then goes to the dead-letter topic): with labels weeks late
+the state sits at its cap, every event leaves through it, and leaving those unlearned would
+teach the model the reported class alone; the cap then is the reporting window, shortened.
+
+A label within the TTL of its event is always read before that clock passes the event's
+expiry, whichever topic the windows read further ahead, so a replay of the same offsets cut
+into other windows makes the same decisions, as long as timestamps rise with offsets in each
+partition of each topic (one producer per key, as the generator writes them). The cap is the
+exception: what it evicts depends on how windows interleave the two topics, so a crash while
+the cap evicts can leave the dead letter of a label that the replay then joins (with
+`unlabelled_as`: an event the lost run learned with its label, the replay with that target;
+each is still learned once) (docs/DECISIONS.md §20).
 """
 
 from __future__ import annotations
@@ -105,8 +110,8 @@ class LabelJoin:
             gone = state.expire(float(clock.min()))
             for g in gone["labels"]:
                 out.dead_labels.extend(_messages(g.rows, self._late_reason))
-            for g in gone["events"]:  # the cap's evictions never count as unlabelled: their TTL had not passed
-                self._unlabelled(out, g.rows, learn=g.reason == "ttl")
+            for g in gone["events"]:
+                self._unlabelled(out, g.rows)
         return out
 
     def _learn(self, out: Outcome, joined, p: int) -> None:
@@ -117,15 +122,15 @@ class LabelJoin:
         out.dead_labels.extend(_messages(joined.late, self._late_reason))
         # An event whose label came after the TTL is the same event as one the clock expired
         # first (which of the two happens depends on how windows cut the topics): it is unlabelled.
-        self._unlabelled(out, joined.late_events, learn=True)
+        self._unlabelled(out, joined.late_events)
 
-    def _unlabelled(self, out: Outcome, rows: dict[str, np.ndarray], learn: bool) -> None:
-        """Events that left without a label in time: learned with `unlabelled_as` where the
-        pipeline has one and their TTL passed, else counted as expired."""
+    def _unlabelled(self, out: Outcome, rows: dict[str, np.ndarray]) -> None:
+        """Events that left without a label (TTL, cap, a label too late): learned with
+        `unlabelled_as` where the pipeline has one, else counted as expired."""
         n = len(rows.get("key", ()))
         if not n:
             return
-        if not learn or self.spec.unlabelled_as is None:
+        if self.spec.unlabelled_as is None:
             out.expired += n
             return
         out.features.append(rows["features"])

@@ -55,9 +55,8 @@ class ServedQuality:
 
     def expire(self, now: float) -> dict[str, int]:
         """Drop answers and labels that waited past the TTL or the cap; the counts so far, by side and reason."""
-        for gone in self.join.expire(now)["events"]:
-            if gone.reason == "ttl":  # the cap's evictions stay unjudged: their label may yet come
-                self._unlabelled(gone.rows["features"])
+        for gone in self.join.expire(now)["events"]:  # as the trainer learned them, the cap's too
+            self._unlabelled(gone.rows["features"])
         return dict(self.join.expired)
 
     def _record(self, joined: Joined) -> int:

@@ -159,17 +159,21 @@ def test_with_unlabelled_as_every_event_is_learned_once_and_the_unlabelled_as_it
     assert first["dead"] == plain["dead"] and len(labelled) + len(first["dead"]) == labels
 
 
-def test_an_event_the_cap_pushes_out_is_not_learned_as_unlabelled():
-    """The cap evicts before the TTL passed: the event's label may still come, so it is counted
-    as expired and never learned with the default."""
+def test_an_event_the_cap_pushes_out_is_learned_as_unlabelled_and_its_later_label_dead_lettered():
+    """Labels weeks late keep the state at its cap, so every event leaves through it: left
+    unlearned, the model would see the reported class alone. The cap shortens the window."""
     spec = JoinedLabels(LABEL, ttl_s=TTL, max_pending=4, unlabelled_as=0.0)
     join = LabelJoin(spec, D, 1)
     out = join.window({0: _events(np.linspace(0.0, 1.0, 10), 0, 10)}, {})
-    assert (out.expired, out.defaulted, len(out.targets)) == (6, 0, 0) and join.pending["events"] == 4
-    later = Labels(join_keys(["other"]), np.zeros(1, np.float32), np.array([0]),
-                   np.array([b"x"], dtype=f"S{LABEL_BYTES}"), np.array([100.0]))
-    out = join.window({0: _events(np.full(11, 100.0), 10, 11)}, {0: later})  # time moves past the four's TTL
-    assert (out.expired, out.defaulted) == (0, 4) and _learned(out) == [(7, 0.0), (8, 0.0), (9, 0.0), (10, 0.0)]
+    assert (out.expired, out.defaulted, join.pending["events"]) == (0, 6, 4)
+    assert _learned(out) == [(c, 0.0) for c in range(1, 7)]  # the six oldest (crc = index + 1)
+    label = Labels(join_keys(["e0"]), np.ones(1, np.float32), np.array([0]),
+                   np.array([b"L0"], dtype=f"S{LABEL_BYTES}"), np.array([2.0]))
+    out = join.window({}, {0: label})  # e0's fraud report, after the cap pushed e0 out
+    assert out.defaulted == 0 and not out.targets and join.pending["labels"] == 1
+    out = join.window({0: _events(np.full(11, 100.0), 10, 11)}, {0: _labels(np.array([99]), np.array([100.0]), 0, 1)})
+    assert [(m.value, r.split(":")[0]) for m, r in out.dead_labels] == [(b"L0", "label_without_event")]
+    assert out.defaulted == 4  # time moved past the four's TTL
 
 
 def test_unlabelled_as_must_be_a_number():

@@ -108,6 +108,6 @@ def test_with_unlabelled_as_an_answer_never_labelled_is_judged_as_silence_says()
     assert summary["auc"] == pytest.approx(90 / 91)  # e99, judged legitimate, outranks the nine frauds
     cap = ServedQuality("classification", ttl_s=10.0, max_pending=5, unlabelled_as=0.0)
     cap.add_answers(ids[:10], np.full(10, 1), scores[:10], t=0.0)
-    cap.expire(now=1.0)  # five pushed out by the cap before their TTL: not judged
-    assert (cap.unlabelled_total, cap.expire(now=11.0)) == (0, {"events.cap": 5, "events.ttl": 5})
-    assert cap.unlabelled_total == 5
+    cap.expire(now=1.0)  # five pushed out by the cap before their TTL: judged as the trainer learned them
+    assert (cap.unlabelled_total, cap.expire(now=11.0)) == (5, {"events.cap": 5, "events.ttl": 5})
+    assert cap.unlabelled_total == 10
