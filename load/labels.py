@@ -12,10 +12,9 @@ finds its labels in the same partition number). `unlabelled_fraction` of the eve
 one. With `fraud_only`, only frauds get a label, as a bank hears of fraud through chargebacks and
 of a legitimate transaction never (a pipeline with `unlabelled_as` learns the silence as its
 answer: pipelines/fraud_chargebacks.py). Malformed events get none either: they are
-dead-lettered, never learned. Delays are drawn
-from the run's seed (the same run labels the same events after the same delays) and are wall
-clock: a label for an event produced at t goes at t + delay; `label_time` is the event's own
-time plus the same delay.
+dead-lettered, never learned. Delays are drawn from the run's seed (the same run labels the same
+events after the same delays) and are wall clock: a label for an event produced at t goes at
+t + delay; `label_time` is the event's own time plus the same delay.
 """
 
 from __future__ import annotations
