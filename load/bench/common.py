@@ -3,6 +3,7 @@
     write_json("scoring", figures)            # docs/bench/scoring.json
     write_section("scoring", "Title", body)   # between <!-- bench:scoring --> and <!-- /bench:scoring -->
     audit_exactly_once(settings, cfg, produced)  # a run's last checkpoint against a re-read of Kafka
+    read_whole_topic(settings, topic)         # every message of a topic (confluent-kafka Messages)
 
 Each benchmark owns one named section of docs/BENCHMARKS.md; rewriting it leaves every
 other section (and any text outside the markers) as it was. Several benchmarks may finish
@@ -84,38 +85,40 @@ def score_continuously(url: str, stop: threading.Event, out: list) -> None:
             out.append((started, time.time() - started, status))
 
 
-def audit_exactly_once(settings: KafkaSettings, cfg: TrainConfig, produced: int) -> dict:
-    """The final checkpoint against an independent re-read of the topic and its dead-letter topic."""
+def read_whole_topic(settings: KafkaSettings, topic: str) -> list:
+    """Every message of `topic`, partition by partition, as confluent-kafka Messages (value,
+    key, offset, Kafka timestamp): an independent re-read, with no streamlearn reader in it."""
     from confluent_kafka import Consumer, TopicPartition
 
+    consumer = Consumer({**settings.confluent(), "group.id": "reread", "enable.auto.commit": False})
+    try:
+        out = []
+        for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            consumer.assign([TopicPartition(topic, p, low)])
+            while low < high:
+                batch = [m for m in consumer.consume(10_000, timeout=10) if m.error() is None]
+                if not batch:
+                    raise RuntimeError(f"{topic}[{p}] stopped at offset {low} of {high}")
+                out += batch
+                low = batch[-1].offset() + 1
+        return out
+    finally:
+        consumer.close()
+
+
+def audit_exactly_once(settings: KafkaSettings, cfg: TrainConfig, produced: int) -> dict:
+    """The final checkpoint against an independent re-read of the topic and its dead-letter topic."""
     schema = load_pipeline(cfg.pipeline).schema
-
-    def read_all(topic: str) -> list:
-        consumer = Consumer({**settings.confluent(), "group.id": "bench-audit", "enable.auto.commit": False})
-        try:
-            out = []
-            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                consumer.assign([TopicPartition(topic, p, low)])
-                while low < high:
-                    batch = [m for m in consumer.consume(10_000, timeout=10) if m.error() is None]
-                    if not batch:
-                        raise RuntimeError(f"{topic}[{p}] stopped at offset {low} of {high}")
-                    out += batch
-                    low = batch[-1].offset() + 1
-            return out
-        finally:
-            consumer.close()
-
     learned = dead = fingerprint = 0
-    for msg in read_all(cfg.topic):
+    for msg in read_whole_topic(settings, cfg.topic):
         try:
             schema.decode(msg.value())
             learned += 1
             fingerprint += zlib.crc32(msg.value())
         except BadEvent:
             dead += 1
-    dlq_keys = [m.key() for m in read_all(cfg.dlq_topic)]
+    dlq_keys = [m.key() for m in read_whole_topic(settings, cfg.dlq_topic)]
     meta = ckpt.read_meta(ckpt.newest(Path(cfg.checkpoint_dir) / cfg.run_name))
     c = meta["counters"]
     checks = {

@@ -5,8 +5,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 
-from confluent_kafka import Consumer, TopicPartition
-
+from load.bench.common import read_whole_topic
 from pipelines.banking import TRANSACTION
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import BadEvent
@@ -40,38 +39,9 @@ def expected_learning(messages: list[Message]) -> dict:
 
 def read_stamped(settings: KafkaSettings, topic: str) -> list[tuple[int, int, float, bytes]]:
     """Every message of `topic`: (partition, offset, Kafka timestamp in s, value)."""
-    consumer = Consumer({**settings.confluent(), "group.id": "test-stamped", "enable.auto.commit": False})
-    try:
-        out = []
-        for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            consumer.assign([TopicPartition(topic, p, low)])
-            while low < high:
-                msg = consumer.poll(5)
-                assert msg is not None and not msg.error(), f"{topic} [{p}] ended early: {msg and msg.error()}"
-                out.append((p, msg.offset(), msg.timestamp()[1] / 1000.0, msg.value()))
-                low = msg.offset() + 1
-        return out
-    finally:
-        consumer.close()
+    return [(m.partition(), m.offset(), m.timestamp()[1] / 1000.0, m.value())
+            for m in read_whole_topic(settings, topic)]
 
 
 def dead_letter_keys(settings: KafkaSettings, topic: str) -> list[bytes]:
-    consumer = Consumer({**settings.confluent(), "group.id": "test-dlq", "enable.auto.commit": False})
-    try:
-        keys = []
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        for p in meta.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(topic, p, low)])
-            while True:
-                msg = consumer.poll(5)
-                assert msg is not None, f"dead-letter topic {topic} ended early"
-                keys.append(msg.key())
-                if msg.offset() + 1 >= high:
-                    break
-        return keys
-    finally:
-        consumer.close()
+    return [m.key() for m in read_whole_topic(settings, topic)]
