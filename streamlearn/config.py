@@ -113,6 +113,9 @@ class TrainConfig:
     until_idle_s: float | None = None  # stop after the stream has been empty this long
     max_failures: int = 5  # worker crashes Ray Train recovers from before giving up
     metric_window: int = 5000  # prequential metrics over the last N events per rank
+    # Rank 0's newest events per checkpoint, with their predict-then-learn scores, that the scorer's
+    # gate judges the checkpoint on against the served model (train/evidence.py); 0: none kept.
+    gate_evidence: int = 4096
     drift: bool = True  # rank 0's drift detectors (train/drift.py); off saves ~0.6 us an event on rank 0
     warm_pool: bool = True  # start a resize's processes ahead of it, imports done (autoscale/warmpool.py)
     seed: int = 0
@@ -134,6 +137,9 @@ class TrainConfig:
         need(self.max_events is None or self.max_events > 0, "max_events must be positive, or unset to run forever")
         need(self.until_idle_s is None or self.until_idle_s > 0, "until_idle_s must be positive, or unset")
         need(self.poll_interval_s > 0, "poll_interval_s must be > 0")
+        need(self.gate_evidence >= 0, f"gate_evidence must be >= 0 (events kept per checkpoint for the scorer's "
+                                      f"quality gate; 0 keeps none and the gate judges integrity and weights only), "
+                                      f"got {self.gate_evidence}")
         need(bool(self.topic), "topic must be set (--topic)")
         if not self.dlq_topic:
             object.__setattr__(self, "dlq_topic", f"{self.topic}.dlq")

@@ -77,6 +77,14 @@ CATALOGUE: dict[str, Spec] = {
     "streamlearn_model_swaps": Spec("counter", "Models swapped in by scoring replicas", _P),
     "streamlearn_gate_rejections": Spec("counter", "Checkpoints refused by a replica's gates, by gate",
                                         ("pipeline", "kind")),
+    "streamlearn_serving_versions_behind": Spec("gauge", "Versions between the one a replica serves and the newest "
+                                                         "checkpoint", _P),
+    "streamlearn_serving_behind_seconds": Spec("gauge", "How much older the served version is than the newest "
+                                                        "checkpoint, by their write times", _P),
+    "streamlearn_serving_behind_bound": Spec("gauge", "The scorer's configured staleness bound (max_behind_versions, "
+                                                      "max_behind_s), by unit", ("pipeline", "unit")),
+    "streamlearn_served_auc_floor": Spec("gauge", "The served-quality floor the scorer is configured with "
+                                                  "(served_auc_floor)", _P),
     "streamlearn_scoring_requests": Spec("counter", "POST /score requests, by status class (2xx, 4xx, 5xx)",
                                          ("pipeline", "status")),
     "streamlearn_scoring_latency_seconds": Spec("histogram", "POST /score handler latency", _P,
@@ -356,6 +364,18 @@ def record_swap(pipeline: str, version: int) -> None:
 @_guard
 def record_rejection(pipeline: str, kind: str) -> None:
     _inc("streamlearn_gate_rejections", 1, {"pipeline": pipeline, "kind": kind})
+
+
+@_guard
+def record_behind(pipeline: str, versions: int, seconds: float, bound_versions: int, bound_s: float,
+                  auc_floor: float) -> None:
+    """Each replica, every poll: how stale what it serves is, beside the bounds that alert on it."""
+    tags = {"pipeline": pipeline}
+    _set("streamlearn_serving_versions_behind", versions, tags)
+    _set("streamlearn_serving_behind_seconds", seconds, tags)
+    _set("streamlearn_serving_behind_bound", bound_versions, {"pipeline": pipeline, "unit": "versions"})
+    _set("streamlearn_serving_behind_bound", bound_s, {"pipeline": pipeline, "unit": "seconds"})
+    _set("streamlearn_served_auc_floor", auc_floor, tags)
 
 
 @_guard

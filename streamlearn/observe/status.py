@@ -144,6 +144,7 @@ def _serving(model: dict | None, now: float, problem: str | None, served: dict |
                                        f"swapped in {_age(now, model.get('swapped_at'))} ago")
         table.add_row("online metric", _metric((model.get("metrics") or {}).get("online")))
         table.add_row("gate", _gate(model, now))
+        table.add_row("behind", _behind(model.get("behind")))
     table.add_row("scoring", _scoring(model.get("scoring")))
     table.add_row("served quality", _served(served, now))
     last = model.get("last_rejection")
@@ -173,6 +174,12 @@ def _gate(model: dict, now: float) -> str:
     against = decision.get("compared_with")
     said = (f"approved by {decision.get('by')}" + (f" against v{against}" if against is not None else " (first)")
             if decision else "served by pin" if model.get("serving_pinned") else "no recorded decision")
+    evidence = decision.get("evidence") if isinstance(decision.get("evidence"), dict) else None
+    if evidence and evidence.get("candidate") is not None:
+        said += (f" ({evidence.get('metric')} {_num(evidence.get('candidate'), 3)} vs "
+                 f"{_num(evidence.get('served'), 3)} on the same {_int(evidence.get('events'))} events)")
+    elif evidence:
+        said += f" ({evidence.get('why')})"
     upcoming = [n for n in model.get("next") or [] if isinstance(n, dict)]
     if upcoming:
         said += "; next " + ", ".join(f"v{n.get('version')} in {_num(n.get('serve_at', now) - now, 1)} s"
@@ -180,6 +187,25 @@ def _gate(model: dict, now: float) -> str:
     late, polls = model.get("late_swaps"), model.get("request_polls")
     return (said + (f"; {polls} requests polled for a late poller" if polls else "")
             + (f"; {late} late swaps on this replica" if late else ""))
+
+
+def _behind(behind: Any) -> Text | str:
+    """How far the served version trails the newest checkpoint, why, and whether past the bound."""
+    if not isinstance(behind, dict) or behind.get("versions") is None:
+        return "n/a (this scorer reports no staleness)"
+    versions, seconds = behind.get("versions"), behind.get("seconds")
+    if not versions:
+        return f"serving the newest checkpoint v{behind.get('newest')}"
+    bound = behind.get("bound") or {}
+    said = (f"{_int(versions)} versions, {_num(seconds, 1)} s behind the newest checkpoint v{behind.get('newest')}"
+            f": {behind.get('why') or 'no reason known'}")
+    over = (isinstance(bound.get("versions"), int | float) and versions > bound["versions"]) or \
+        (isinstance(bound.get("seconds"), int | float) and isinstance(seconds, int | float)
+         and seconds > bound["seconds"])
+    if over:
+        return Text(f"{said}  (past the bound of {bound.get('versions')} versions or {bound.get('seconds')} s: "
+                    f"StreamlearnServingStale)", style="yellow")
+    return said
 
 
 def _scoring(scoring: Any) -> str:

@@ -46,7 +46,18 @@ class ServeConfig:
     # Every replica switches to an approved version at the same announced moment, this long
     # after the decision: enough for each to poll (poll_interval_s) and load it first.
     swap_delay_s: float = 1.0
-    quality_tolerance: float = 0.02  # absolute, on the pipeline's headline metric (auc or mae)
+    # The quality gate (serve/paired.py): a candidate is held only when, on the same events, it is
+    # worse than the served version by more than quality_tolerance (absolute, on the headline metric:
+    # auc or mae) with confidence 1 - quality_alpha. DECISIONS.md, "The quality gate", measured both.
+    quality_tolerance: float = 0.02
+    quality_alpha: float = 0.02
+    # A served version whose answers to callers (the evaluator's served.jsonl) score an AUC below this
+    # is replaced by any candidate that passes the other gates, and StreamlearnServedQualityBelowFloor fires.
+    served_auc_floor: float = 0.7
+    # Serving further behind the newest checkpoint than either bound says why in `streamlearn status`
+    # and fires StreamlearnServingStale (deploy/prometheus/alerts.yml).
+    max_behind_versions: int = 10
+    max_behind_s: float = 300.0
     max_abs_weight: float = 1e4  # a parameter beyond this is a diverged model, not a trained one
     max_batch: int = 1000  # events per request; more is a 413
     auth_token: SecretStr | None = None  # default: env STREAMLEARN_SERVE_TOKEN; unset = no auth
@@ -83,7 +94,16 @@ class ServeConfig:
              f"and loads a new version before its moment, or 0 to swap at once (replicas may then disagree for "
              f"a poll interval), got {self.swap_delay_s}")
         need(self.quality_tolerance >= 0,
-             f"quality_tolerance must be >= 0 (0 = never serve a worse model), got {self.quality_tolerance}")
+             f"quality_tolerance must be >= 0 (0 = hold a candidate shown worse by any margin), "
+             f"got {self.quality_tolerance}")
+        need(0 < self.quality_alpha < 0.5,
+             f"quality_alpha must be in (0, 0.5): the chance of holding a candidate that is no worse than "
+             f"quality_tolerance (e.g. 0.02), got {self.quality_alpha}")
+        need(0 <= self.served_auc_floor <= 1, f"served_auc_floor must be in [0, 1] (0 turns it off), "
+                                              f"got {self.served_auc_floor}")
+        need(self.max_behind_versions >= 1 and self.max_behind_s > 0,
+             f"max_behind_versions must be >= 1 and max_behind_s > 0, got {self.max_behind_versions} and "
+             f"{self.max_behind_s}")
         need(self.max_abs_weight > 0, f"max_abs_weight must be > 0, got {self.max_abs_weight}")
         need(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")
         need(self.min_replicas >= 1,

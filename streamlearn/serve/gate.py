@@ -1,6 +1,14 @@
 """One quality-gate decision per checkpoint version, recorded beside the checkpoints and
 followed by every replica.
 
+A candidate is judged against the served version (the lineage's newest approval) on the same
+events: the newest events the trainer learned since the version before the candidate, which
+no older version has learned, with the scores the training model gave them before learning
+them (the checkpoint's evidence, train/evidence.py); the served model scores the same rows
+here, and serve/paired.py tests the difference with its noise. Judged on its own window
+against the approved version's number from another window, a lucky window became a bar that
+no later model passed, and serving froze on a stale model (issue 44).
+
 Each replica used to judge candidates against its own serving model, so two replicas that
 started at different moments accepted different versions, and a caller routed between them
 saw v4, v7, v4 (issue 14). Now the first replica to look at a version decides it, judged
@@ -22,14 +30,17 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from streamlearn.errors import CheckpointError
 from streamlearn.logs import log
+from streamlearn.train import checkpoint
 from streamlearn.train.prequential import headline
 
 DECISIONS_DIR = "decisions"
@@ -45,12 +56,13 @@ class Decision:
     approved: bool
     kind: str | None  # why refused: integrity | pipeline | quality | weights
     reason: str | None
-    metric: float | None  # the candidate's online headline metric: the baseline of the next candidate
+    metric: float | None  # the candidate's online headline metric (its own window: shown, not compared)
     compared_with: int | None  # the approved version it was judged against
     decided_at: float
     serve_at: float  # approved: the wall-clock moment every replica switches to it
     by: str  # host:pid of the replica that decided
     signature: int | None  # SHA256SUMS mtime of the judged checkpoint: a rewrite is judged again
+    evidence: dict[str, Any] | None = None  # the paired comparison with the served version (paired.Comparison)
 
     @property
     def at(self) -> float:
@@ -145,23 +157,39 @@ def online_metric(meta: Mapping[str, Any] | None, task: str) -> float | None:
         return math.nan  # present but not a number: treat as broken, not as absent
 
 
-def quality_problem(candidate: Mapping[str, Any], baseline: float | None, task: str,
-                    tolerance: float) -> str | None:
-    """Why the candidate must not replace the approved model whose metric is `baseline`, or None.
-
-    A candidate without the metric (e.g. AUC is undefined while the window holds one
-    class) is not judged: blocking it would freeze the service on its first model."""
-    name, higher_is_better = headline(task)
-    new = online_metric(candidate, task)
-    if new is not None and not math.isfinite(new):
-        return f"online {name} is {new}"
-    if new is None or baseline is None or not math.isfinite(baseline):
-        return None
-    worse_by = (baseline - new) if higher_is_better else (new - baseline)
-    if worse_by > tolerance + 1e-12:
-        return (f"online {name} {new:.4f} is worse than the last approved model's {baseline:.4f} by {worse_by:.4f}, "
-                f"more than the tolerance {tolerance}")
+def metric_problem(meta: Mapping[str, Any] | None, task: str) -> str | None:
+    """A candidate whose own online metric is not a number diverged while training."""
+    name, _higher_is_better = headline(task)
+    value = online_metric(meta, task)
+    if value is not None and not math.isfinite(value):
+        return f"online {name} is {value}"
     return None
+
+
+def gather_evidence(paths: Mapping[int, Path], candidate: int, served: int, refused: Collection[int],
+                    enough: Callable[[np.ndarray], bool]) -> dict[str, np.ndarray] | None:
+    """The evidence to judge `candidate` against `served` on: the candidate's own, and, while it is
+    not `enough` (too few frauds in one checkpoint's events), that of the versions before it back
+    to the served one, newest first: none of those events was learned by the served version. A
+    `refused` version's evidence is left out: its scores are those of a lineage the gate did not
+    trust, and would count against a candidate that has recovered. None if the checkpoints carry
+    none. Raises CheckpointError for a corrupt file of the candidate's."""
+    parts = []
+    for version in sorted((v for v in paths if served < v <= candidate and v not in refused), reverse=True):
+        try:
+            found = checkpoint.load_evidence(paths[version])
+        except CheckpointError:
+            if version == candidate:
+                raise
+            continue  # an older one's: passed over, the candidate's own decides
+        if found is None:
+            continue
+        parts.append(found)
+        if enough(found["targets"] if len(parts) == 1 else np.concatenate([p["targets"] for p in parts])):
+            break
+    if not parts:
+        return None
+    return {name: np.concatenate([p[name] for p in parts]) for name in ("features", "scores", "targets")}
 
 
 def weights_problem(state: Mapping[str, Any], max_abs: float) -> str | None:

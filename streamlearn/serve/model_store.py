@@ -2,8 +2,9 @@
 
 A background thread polls the run directory. Each new version is judged once for the
 whole lineage (streamlearn/serve/gate.py): its checksum (a corrupt file is never
-unpickled), the pipeline it was trained for, the quality gate on its online metric
-against the last approved version, and a sanity check of its weights. Every replica
+unpickled), the pipeline it was trained for, a sanity check of its weights, and the
+quality gate: the candidate against the served version on the same events (serve/paired.py),
+unless the served version's own answers fail callers (below the served-quality floor). Every replica
 follows the recorded decision: it loads an approved version ahead of the moment the
 decision announced, then publishes it by ONE reference assignment of an immutable
 `ServingModel`. A request calls `store.serving()` once and uses that object throughout,
@@ -27,19 +28,24 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+import torch
 from torch import nn
 
 from streamlearn import faults, metrics
 from streamlearn.errors import CheckpointError
 from streamlearn.logs import bind, log
+from streamlearn.observe.runfiles import read_last_jsonl
 from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.serve import paired
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.gate import (
     STAMP_SLACK,
     Decision,
     Ledger,
+    gather_evidence,
+    metric_problem,
     online_metric,
-    quality_problem,
     replica_id,
     weights_problem,
 )
@@ -132,14 +138,25 @@ def unpin(checkpoint_dir: str | Path, run_name: str) -> bool:
 
 # ---- the store -----------------------------------------------------------------------
 
+# How long the evaluator's newest served.jsonl row counts as what callers get now.
+SERVED_QUALITY_FRESH_S = 120.0
+SERVED_QUALITY_MIN_ANSWERS = 200
+
+
 class ModelStore:
     def __init__(self, pipeline: Pipeline, run_dir: str | Path, *, quality_tolerance: float = 0.02,
-                 max_abs_weight: float = 1e4, poll_interval_s: float = 0.5, swap_delay_s: float = 0.0,
-                 timeline: str = ""):
+                 quality_alpha: float = 0.02, served_auc_floor: float = 0.7, max_abs_weight: float = 1e4,
+                 poll_interval_s: float = 0.5, swap_delay_s: float = 0.0, max_behind_versions: int = 10,
+                 max_behind_s: float = 300.0, timeline: str = ""):
         self.pipeline = pipeline
         bind(pipeline=pipeline.name)  # one store per replica process: its log lines say which pipeline
         self.run_dir = Path(run_dir)
-        self.quality_tolerance = quality_tolerance
+        self.quality_tolerance, self.quality_alpha, self.served_auc_floor = \
+            quality_tolerance, quality_alpha, served_auc_floor
+        self.max_behind = (max_behind_versions, max_behind_s)
+        self.behind: dict[str, Any] = {"versions": None, "seconds": None, "newest": None, "why": None}
+        self._reference: ServingModel | None = None  # the served version, loaded to score evidence
+        self._written: dict[int, float] = {}  # version -> written_at of the newest checkpoints seen
         self.max_abs_weight = max_abs_weight
         self.poll_interval_s = poll_interval_s
         self.swap_delay_s = swap_delay_s
@@ -173,8 +190,10 @@ class ModelStore:
     @classmethod
     def from_config(cls, cfg: ServeConfig) -> ModelStore:
         return cls(load_pipeline(cfg.pipeline), cfg.run_dir, quality_tolerance=cfg.quality_tolerance,
+                   quality_alpha=cfg.quality_alpha, served_auc_floor=cfg.served_auc_floor,
                    max_abs_weight=cfg.max_abs_weight, poll_interval_s=cfg.poll_interval_s,
-                   swap_delay_s=cfg.swap_delay_s, timeline=cfg.timeline)
+                   swap_delay_s=cfg.swap_delay_s, max_behind_versions=cfg.max_behind_versions,
+                   max_behind_s=cfg.max_behind_s, timeline=cfg.timeline)
 
     # -- the request path --
 
@@ -236,6 +255,7 @@ class ModelStore:
         served = self._switch_if_due()  # superseded and served entries leave the queue, due ones stay till served
         self._queue = tuple(m for m in self._queue if served is None or m.swapped_at > served.swapped_at)
         self._announce()
+        self._measure_behind(available)
         self._polled_at = started
         return self.current is not before
 
@@ -261,12 +281,13 @@ class ModelStore:
         decided = {v: self._decision(v, p) for v, p in available}
         floor = max((v for v, d in decided.items() if d is not None), default=-1)
         judged = False
+        paths = dict(available)
         for version, path in reversed(available):
             if version < floor:
                 break
             if decided[version] is not None:
                 continue
-            decision, judged = self._judge(version, path), True
+            decision, judged = self._judge(version, path, paths), True
             if decision is not None and decision.approved:
                 break
         if judged:  # decisions of checkpoints retention deleted go too, except the newest approval (a baseline)
@@ -285,23 +306,27 @@ class ModelStore:
         self._remember(decision)
         return decision
 
-    def _judge(self, version: int, path: Path) -> Decision | None:
+    def _judge(self, version: int, path: Path, paths: dict[int, Path]) -> Decision | None:
         baseline = self._approved_below(version)
         wall, started = time.time(), time.perf_counter()
         signature = _signature(path)
+        against = baseline.version if baseline else None
+        comparison = None
         try:
-            loaded = self._load(version, path, gate=True, baseline=baseline.metric if baseline else None)
+            loaded = self._load(version, path, gate=True)
+            comparison = self._compare(version, baseline, paths) if baseline else None
+            if comparison is not None and comparison.hold:
+                raise _Rejected("quality", comparison.why)
         except _Rejected as r:
-            loaded, decision = None, Decision(version, False, r.kind, r.reason, None,
-                                              baseline.version if baseline else None, wall, wall, replica_id(),
-                                              signature)
+            loaded, decision = None, Decision(version, False, r.kind, r.reason, None, against, wall, wall,
+                                              replica_id(), signature, _described(comparison))
         except OSError as e:  # removed by checkpoint retention while we read it: not its fault
             log("serve_candidate_vanished", level="warning", version=version, error=str(e))
             return None
         else:
             decision = Decision(version, True, None, None, online_metric(loaded.meta, self.pipeline.task),
-                                baseline.version if baseline else None, wall, time.time(),  # stamped by record
-                                replica_id(), signature)
+                                against, wall, time.time(),  # stamped by record
+                                replica_id(), signature, _described(comparison))
         existing = self.ledger.read(version)  # only a record of an earlier file under this version is replaced
         stale = existing is not None and existing.signature != signature
         standing, ours = self.ledger.record(decision, overwrite=stale, swap_delay_s=self.swap_delay_s)
@@ -311,6 +336,101 @@ class ModelStore:
             self._judged[version] = loaded
         self._remember(standing)
         return standing
+
+    def _compare(self, version: int, baseline: Decision, paths: dict[int, Path]) -> paired.Comparison | None:
+        """The candidate against the served version on the same events, or None where the lineage
+        carries no evidence (a trainer before evidence, or gate_evidence 0) or the served version
+        no longer loads: then integrity, pipeline and weights decide alone."""
+        try:
+            refused = {v for v, d in self._decisions.items() if not d.approved}
+            evidence = gather_evidence(paths, version, baseline.version, refused, self._enough)
+        except CheckpointError as e:
+            raise _Rejected("integrity", str(e)) from None
+        reference = self._reference_model(baseline.version, paths)
+        if evidence is None or reference is None:
+            return None
+        with torch.inference_mode():
+            served = self.pipeline.score(reference.model(torch.from_numpy(evidence["features"]))).numpy()
+        comparison = paired.compare(self.pipeline.task, evidence["scores"], served, evidence["targets"],
+                                    tolerance=self.quality_tolerance, alpha=self.quality_alpha)
+        callers = self._callers_auc(baseline.version)
+        if comparison.hold and callers is not None and callers < self.served_auc_floor:
+            # What callers get counts: a served version whose own answers are below the floor is
+            # no model to defend, whatever it scores on the trainer's events.
+            comparison = replace(comparison, hold=False, why=(
+                f"{comparison.why}; but the served v{baseline.version}'s answers to callers score auc "
+                f"{callers:.4f}, below the floor {self.served_auc_floor}: replaced"))
+        return comparison
+
+    def _enough(self, targets: np.ndarray) -> bool:
+        if self.pipeline.task == "classification":
+            positives = int((targets > 0.5).sum())
+            return min(positives, len(targets) - positives) >= 3 * paired.MIN_EACH_CLASS
+        return len(targets) >= 10 * paired.MIN_EVENTS
+
+    def _reference_model(self, version: int, paths: dict[int, Path]) -> ServingModel | None:
+        """The served version's model, to score the evidence with: the one this replica serves, or
+        loaded once and kept until the served version changes."""
+        for model in (self.current, self._reference, *self._queue):
+            if model is not None and model.version == version:
+                self._reference = model
+                return model
+        if version not in paths:
+            return None
+        try:
+            self._reference = self._load(version, paths[version], gate=False)
+        except (_Rejected, OSError) as e:
+            log("serve_reference_unloadable", level="warning", version=version, error=str(e))
+            return None
+        return self._reference
+
+    def _callers_auc(self, version: int) -> float | None:
+        """The evaluator's AUC of `version`'s answers to callers (served.jsonl), if it is fresh and
+        rests on enough labelled answers; None otherwise (no evaluator runs, or a regression task)."""
+        if self.pipeline.task != "classification":
+            return None
+        try:
+            row = read_last_jsonl(self.run_dir / "served.jsonl") or {}
+        except (OSError, ValueError):
+            return None
+        figures = (row.get("versions") or {}).get(str(version)) or {}
+        fresh = time.time() - float(row.get("t") or 0) <= SERVED_QUALITY_FRESH_S
+        if not fresh or (figures.get("window") or 0) < SERVED_QUALITY_MIN_ANSWERS or figures.get("auc") is None:
+            return None
+        return float(figures["auc"])
+
+    def _measure_behind(self, available: list[tuple[int, Path]]) -> None:
+        """How far the served version is behind the newest checkpoint, and why: GET /model, status,
+        and the gauges StreamlearnServingStale watches."""
+        served = self.current
+        if not available or served is None:
+            self.behind = {"versions": None, "seconds": None, "newest": None, "why": None}
+            return
+        newest, path = available[-1]
+        if newest not in self._written:
+            try:
+                self._written = {newest: float(checkpoint.read_meta(path).get("written_at") or 0.0)}
+            except CheckpointError:
+                return
+        versions = max(0, newest - served.version)
+        written = float(served.meta.get("written_at") or self._written[newest])
+        seconds = max(0.0, self._written[newest] - written) if versions else 0.0
+        self.behind = {"versions": versions, "seconds": round(seconds, 1), "newest": newest,
+                       "why": self._why_behind(served, newest) if versions else None,
+                       "bound": {"versions": self.max_behind[0], "seconds": self.max_behind[1]}}
+        metrics.record_behind(self.pipeline.name, versions, seconds, *self.max_behind, self.served_auc_floor)
+
+    def _why_behind(self, served: ServingModel, newest: int) -> str:
+        if served.pinned:
+            return f"pinned to v{served.version} ({PIN_FILE}); `streamlearn serve unpin` follows the gate again"
+        upcoming = [m for m in self._queue if m.version > served.version]
+        if upcoming:
+            return f"v{upcoming[-1].version} approved, every replica switches at its moment"
+        newer = [d for v, d in self._decisions.items() if v > served.version]
+        refused = max((d for d in newer if not d.approved), key=lambda d: d.version, default=None)
+        if refused is not None:
+            return f"holding v{served.version}: v{refused.version} refused ({refused.kind}): {refused.reason}"
+        return f"v{newest} not judged yet"
 
     def _announce_decision(self, decision: Decision, wall: float, seconds: float) -> None:
         if decision.approved:
@@ -446,9 +566,9 @@ class ModelStore:
             self.timeline.record(name, wall, seconds, tid="model-store", **args)
             self.timeline.flush()  # swaps are rare and a replica runs for days: on disk now, not at exit
 
-    def _load(self, version: int, path: Path, gate: bool, baseline: float | None = None) -> ServingModel:
-        """Check and build one checkpoint. The quality gate only when judging (`baseline`: the last
-        approved version's metric); a follower or a pin checks integrity and weights only."""
+    def _load(self, version: int, path: Path, gate: bool) -> ServingModel:
+        """Check and build one checkpoint: integrity, pipeline and weights, and when judging (`gate`)
+        its own online metric is a number; the paired comparison follows in `_judge`."""
         started = time.perf_counter()
         try:
             checkpoint.verify(path, checkpoint.MODEL)  # the join state is the trainer's
@@ -459,7 +579,7 @@ class ModelStore:
         if trained_for != self.pipeline.name:
             raise _Rejected("pipeline", f"trained for pipeline {trained_for!r}, this service runs "
                                         f"{self.pipeline.name!r}")
-        if gate and (problem := quality_problem(meta, baseline, self.pipeline.task, self.quality_tolerance)):
+        if gate and (problem := metric_problem(meta, self.pipeline.task)):
             raise _Rejected("quality", problem)
         try:  # verified just above; hashing the file a second time would double the load time
             state, _optimizer, _meta = checkpoint.load(path, verify_first=False)
@@ -541,10 +661,16 @@ class ModelStore:
             "pinned": self.pinned,
             "serving_pinned": serving is not None and serving.pinned,
             "quality_tolerance": self.quality_tolerance,
+            "quality_alpha": self.quality_alpha,
+            "behind": self.behind,
             "rejections": dict(self.rejections),
             "last_rejection": None if last is None else
             {"version": last.version, "kind": last.kind, "reason": last.reason, "at": last.decided_at},
         }
+
+
+def _described(comparison: paired.Comparison | None) -> dict[str, Any] | None:
+    return comparison.describe() if comparison is not None else None
 
 
 def _signature(path: Path) -> int | None:

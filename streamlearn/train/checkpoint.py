@@ -5,6 +5,8 @@ Layout of one checkpoint directory:
     meta.json    pipeline, version, offsets, counters, metrics (see `write`)
     join.npz     with joined labels only: the join state's clocks and which rows wait, and
     join-*.npz   the waiting rows, in segments written once and hard-linked on (join_files.py)
+    evidence.npz rank 0's newest events since the checkpoint before, with the training model's
+                 scores before it learned them: what the scorer's gate judges it on (evidence.py)
     SHA256SUMS   sha256 of the files above; written last, so its presence means complete
 """
 
@@ -28,11 +30,14 @@ SUMS = "SHA256SUMS"
 FILES = ("model.pt", "meta.json")  # in every checkpoint
 MODEL = FILES  # what the scorer reads, and all it needs verified
 META = ("meta.json",)  # what the controller, the demo and status read
+EVIDENCE = "evidence.npz"
 
 
 def write(directory: str | Path, model_state: dict, optimizer_state: dict | None, meta: dict[str, Any],
-          join: tuple[JoinFiles, dict[str, np.ndarray]] | None = None) -> Path:
-    """`join`: with joined labels, the writer's `JoinFiles` and the ranks' join deltas."""
+          join: tuple[JoinFiles, dict[str, np.ndarray]] | None = None,
+          evidence: dict[str, np.ndarray] | None = None) -> Path:
+    """`join`: with joined labels, the writer's `JoinFiles` and the ranks' join deltas.
+    `evidence`: features, scores and targets for the scorer's gate (train/evidence.py)."""
     import torch  # here, not at the top: see load()
 
     directory = Path(directory)
@@ -42,6 +47,8 @@ def write(directory: str | Path, model_state: dict, optimizer_state: dict | None
     if join is not None:  # beside the model, not in it: the scorer loads model.pt on every swap
         listing, known = join[0].write(directory, join[1])
         meta = {**meta, "join": {**meta.get("join", {}), "segments": listing}}
+    if evidence is not None:
+        np.savez(directory / EVIDENCE, **evidence)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     faults.point("mid_checkpoint_write")
     sums = "".join(f"{known.get(name) or sha256(directory / name)}  {name}\n" for name in _files(directory))
@@ -56,7 +63,8 @@ def _files(directory: Path) -> list[str]:
 
 
 def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_state: dict | None,
-            meta: dict[str, Any], join: tuple[JoinFiles, dict[str, np.ndarray]] | None = None) -> Path:
+            meta: dict[str, Any], join: tuple[JoinFiles, dict[str, np.ndarray]] | None = None,
+            evidence: dict[str, np.ndarray] | None = None) -> Path:
     """Write checkpoint `version` into the run directory, whole or not at all, and durably.
 
     Written beside its final name and renamed into place (atomic on one filesystem), then the
@@ -69,7 +77,7 @@ def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_stat
                               f"writing this lineage?")
     staging = run_dir / f".staging-{version:09d}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    write(staging, model_state, optimizer_state, meta, join)
+    write(staging, model_state, optimizer_state, meta, join, evidence)
     for name in (*_files(staging), SUMS):
         _fsync(staging / name)  # a linked segment is durable already: its fsync finds nothing to write
     os.rename(staging, final)
@@ -161,6 +169,20 @@ def load_arrays(directory: str | Path) -> dict[str, np.ndarray]:
             return {name: npz[name] for name in npz.files}
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{directory}: {ARRAYS} does not load ({e})") from None
+
+
+def load_evidence(directory: str | Path) -> dict[str, np.ndarray] | None:
+    """The checkpoint's evidence for the gate, verified, or None if it has none (written by a
+    trainer before evidence, or by hand). Raises CheckpointError if it fails its checksum."""
+    path = Path(directory) / EVIDENCE
+    if not path.exists():
+        return None
+    verify(directory, only=(EVIDENCE,))
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: npz[name] for name in ("features", "scores", "targets")}
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{directory}: {EVIDENCE} does not load ({e})") from None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:

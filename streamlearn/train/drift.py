@@ -37,6 +37,7 @@ import numpy as np
 
 from streamlearn.errors import PipelineError
 from streamlearn.pipeline import Pipeline
+from streamlearn.train.evidence import EvidenceSampler
 from streamlearn.train.prequential import SlidingWindow
 
 INPUT_EVENTS = 1024  # events per update of the overall input detectors
@@ -155,20 +156,26 @@ class Watch(SlidingWindow):
     on rank 0, the drift monitor fed with the same events; alarms wait for the next checkpoint's
     history row after `on_alarm` has logged and counted them."""
 
-    def __init__(self, size: int, drift: DriftMonitor | None = None, on_alarm: Callable[[Alarm], None] | None = None):
+    def __init__(self, size: int, drift: DriftMonitor | None = None, on_alarm: Callable[[Alarm], None] | None = None,
+                 evidence: EvidenceSampler | None = None):
         super().__init__(size)
-        self.drift, self.on_alarm = drift, on_alarm
+        self.drift, self.on_alarm, self.evidence = drift, on_alarm, evidence
         self._alarms: list[Alarm] = []
 
     def observe(self, scores: np.ndarray, targets: np.ndarray, features: Callable[[], np.ndarray]) -> None:
-        """`features` is called only where drift is watched: other ranks skip the copy."""
+        """`features` is called only where drift is watched or evidence kept: other ranks skip the copy."""
         self.add(scores, targets)
+        if self.evidence is not None:
+            self.evidence.add(scores, targets, features)
         if self.drift is None:
             return
         for alarm in self.drift.update(scores, targets, features()):
             self._alarms.append(alarm)
             if self.on_alarm:
                 self.on_alarm(alarm)
+
+    def take_evidence(self) -> dict[str, np.ndarray] | None:
+        return self.evidence.take() if self.evidence is not None else None
 
     def take_alarms(self) -> list[Alarm]:
         alarms, self._alarms = self._alarms, []

@@ -36,6 +36,7 @@ from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, await_handover, broadcast, exchange
 from streamlearn.train.drift import Alarm, Watch, for_pipeline
+from streamlearn.train.evidence import EvidenceSampler
 from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.phases import Phases, trace_allreduce
 from streamlearn.train.prequential import summarize
@@ -104,7 +105,8 @@ def train_loop_per_worker(config: dict) -> None:
                               resumed_from=restored[4] if restored else None) if rank == 0 else None
     reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
     drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
-    recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm))
+    evidence = EvidenceSampler(cfg.gate_evidence) if rank == 0 and cfg.gate_evidence else None
+    recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm), evidence)
     delta, loss_sum, overhead_ms = Counters(), 0.0, []
     log("worker_started", pipeline=pipeline.name, rank=rank, world=world, threads=torch.get_num_threads(),
         version=lineage.version, positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
@@ -270,6 +272,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     scores = np.concatenate([w[0] for w in windows])
     targets = np.concatenate([w[1] for w in windows])
     metrics["online"] = summarize(pipeline.task, scores, targets)
+    evidence = recent.take_evidence()
     metrics["ingest"] = stream.ingest_stats()
     if alarms := recent.take_alarms():
         metrics["drift"] = [alarm.as_dict() for alarm in alarms]
@@ -277,6 +280,8 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
                                                    stream.dead_letters.end_at_start)
     meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
             "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
+    if evidence is not None:  # events learned since the previous version, for the scorer's gate
+        meta["evidence"] = {"events": len(evidence["targets"]), "after_version": lineage.version - 1}
     join = None
     if join_state is not None:
         join = {name: a for part in join_state for name, a in (part or {}).items()}
@@ -300,7 +305,7 @@ def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineag
     # Our store, not Ray Train's (DECISIONS §17): Ray gets the metrics only.
     with phases("checkpoint.snapshot"):
         writer.submit(version, _unwrapped(model).state_dict(), optimizer.state_dict(), meta, lineage.positions,
-                      then=published, join=join)
+                      then=published, join=join, evidence=evidence)
     reporter.submit(metrics)
 
 

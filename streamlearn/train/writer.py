@@ -44,21 +44,23 @@ class CheckpointWriter:
         self._pending: deque[Future] = deque()
 
     def submit(self, version: int, model_state: dict, optimizer_state: dict | None, meta: dict,
-               offsets: dict[int, int], then: Callable[[], None], join: dict | None = None) -> None:
+               offsets: dict[int, int], then: Callable[[], None], join: dict | None = None,
+               evidence: dict | None = None) -> None:
         """Queue checkpoint `version`. Everything is copied here, before returning: the training
         thread moves on and changes the model, the optimizer and the lineage's offsets (a meta
         that still referred to the live offsets claimed windows its model had not learned: the
         aimed kill after publish found it as events skipped after a restore)."""
         self._reap(block=len(self._pending) >= MAX_PENDING)
         states = snapshot(model_state), snapshot(optimizer_state) if optimizer_state is not None else None
-        # `join` is the ranks' join deltas, already copies no one changes.
+        # `join` is the ranks' join deltas and `evidence` arrays taken for this checkpoint: copies
+        # no one changes.
         self._pending.append(self._pool.submit(self._write, version, *states, copy.deepcopy(meta), dict(offsets),
-                                               then, join))
+                                               then, join, evidence))
 
-    def _write(self, version, model_state, optimizer_state, meta, offsets, then, join=None) -> None:
+    def _write(self, version, model_state, optimizer_state, meta, offsets, then, join=None, evidence=None) -> None:
         faults.point("before_checkpoint_write")
         ckpt.publish(self.run_dir, version, model_state, optimizer_state, meta,
-                     None if join is None else (self._join, join))
+                     None if join is None else (self._join, join), evidence)
         faults.point("after_publish_before_commit")
         self._commit(offsets)  # only now: the checkpoint holding them is durable
         ckpt.prune(self.run_dir, self.keep, hold=held_versions(self.run_dir))

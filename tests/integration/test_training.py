@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -78,3 +79,34 @@ def test_fraud_model_learns_and_recovers_from_drift(kafka, kafka_settings, ray_c
     assert alarms and all(upto > 60_000 for _, upto, _ in alarms), alarms
     assert min(since for since, _, _ in alarms) < 100_000, alarms
     assert {"positive.merchant_category=cash", "positive.channel=atm"} & {s for _, _, s in alarms}, alarms
+    assert_the_gate_follows_a_healthy_lineage(cfg, tmp_path)
+
+
+def assert_the_gate_follows_a_healthy_lineage(cfg: TrainConfig, tmp_path) -> None:
+    """Issue 44 on a real trainer's checkpoints: a scorer that sees them appear one by one judges
+    each against the version before it on the events the checkpoint carries (its evidence), and
+    holds none of a lineage that learns well, through the drift and the recovery after it."""
+    from streamlearn.pipeline import load_pipeline
+    from streamlearn.serve.model_store import ModelStore
+
+    replica_dir = tmp_path / "replica" / cfg.run_name
+    replica_dir.mkdir(parents=True)
+    store = ModelStore(load_pipeline(cfg.pipeline), replica_dir)
+    written = ckpt.list_checkpoints(run_dir(cfg))
+    for _version, path in written:
+        shutil.copytree(path, replica_dir / path.name)
+        store.poll_once()
+    decisions = [store.ledger.read(v) for v, _ in written]
+    assert all(d.approved for d in decisions), [(d.version, d.reason) for d in decisions if not d.approved]
+    assert store.current.version == written[-1][0]
+    compared = 0
+    for decision, (_v, path) in zip(decisions[1:], written[1:], strict=True):
+        evidence, meta = decision.evidence, ckpt.read_meta(path)
+        assert decision.compared_with == decision.version - 1
+        assert evidence["metric"] == "auc" and evidence["events"] == meta["evidence"]["events"] > 0, evidence
+        if evidence["hold"] is None:  # the run's last, short window may hold too few frauds to compare
+            assert evidence["positives"] < 10 and "too little evidence" in evidence["why"], evidence
+            continue
+        assert evidence["hold"] is False and evidence["candidate"] > 0.6, evidence
+        compared += 1
+    assert compared >= len(written) - 2, [d.evidence for d in decisions]

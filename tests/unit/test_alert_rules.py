@@ -77,3 +77,68 @@ def test_the_drift_alert_fires_for_15_minutes_after_an_alarm(tmp_path):
                              {"eval_time": "17m", "alertname": "StreamlearnDrift", "exp_alerts": []}]},
     ])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+BEHIND = metrics.exported_names("streamlearn_serving_versions_behind")[0] + '{pipeline="fraud", WorkerId="w1"}'
+BEHIND_S = metrics.exported_names("streamlearn_serving_behind_seconds")[0] + '{pipeline="fraud", WorkerId="w1"}'
+BOUND = metrics.exported_names("streamlearn_serving_behind_bound")[0]
+FLOOR = metrics.exported_names("streamlearn_served_auc_floor")[0] + '{pipeline="fraud", WorkerId="w1"}'
+
+
+def stale(value: str) -> dict:
+    return {"exp_labels": {"alertname": "StreamlearnServingStale", "severity": "warning", "pipeline": "fraud"},
+            "exp_annotations": {"summary": "fraud: serving a stale model", "description": (
+                "Pipeline fraud's scorer has served a version more than its bound behind the newest checkpoint "
+                f"for 2 minutes ({value} versions or seconds behind). Why: `streamlearn status` (Serving: behind) "
+                "and GET /model's `behind.why`; a held candidate's reason is in `last_rejection`.")}}
+
+
+def serving_series(versions: str, seconds: str) -> list[dict]:
+    return [{"series": BEHIND, "values": versions}, {"series": BEHIND_S, "values": seconds},
+            {"series": BOUND + '{pipeline="fraud", unit="versions", WorkerId="w1"}', "values": "10x60"},
+            {"series": BOUND + '{pipeline="fraud", unit="seconds", WorkerId="w1"}', "values": "300x60"}]
+
+
+def test_the_stale_serving_alert_fires_past_either_bound_for_two_minutes(tmp_path):
+    result = promtool_test(tmp_path, [
+        # 1-3 versions behind as a healthy gate keeps it: never.
+        {"interval": "15s", "input_series": serving_series("1 2 3 1 2x56", "2 4 6 2 4x56"),
+         "alert_rule_test": [{"eval_time": "14m", "alertname": "StreamlearnServingStale", "exp_alerts": []}]},
+        # Candidates held from minute 1 on: 12 versions behind is past the bound of 10; fires after 2 min.
+        {"interval": "15s", "input_series": serving_series("1x3 12x56", "2x3 30x56"),
+         "alert_rule_test": [{"eval_time": "2m", "alertname": "StreamlearnServingStale", "exp_alerts": []},
+                             {"eval_time": "4m", "alertname": "StreamlearnServingStale",
+                              "exp_alerts": [stale("12")]}]},
+        # A slow trainer: few versions behind, but the served one is 10 minutes older than the newest.
+        {"interval": "15s", "input_series": serving_series("2x59", "600x59"),
+         "alert_rule_test": [{"eval_time": "3m", "alertname": "StreamlearnServingStale",
+                              "exp_alerts": [stale("600")]}]},
+        # A 90-s hold (a truly worse candidate, then a good one): never.
+        {"interval": "15s", "input_series": serving_series("1x4 12x6 1x49", "2x4 30x6 2x49"),
+         "alert_rule_test": [{"eval_time": f"{m}m", "alertname": "StreamlearnServingStale", "exp_alerts": []}
+                             for m in (2, 3, 5)]},
+    ])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_floor_alert_fires_when_callers_answers_stay_below_it(tmp_path):
+    below = {"exp_labels": {"alertname": "StreamlearnServedQualityBelowFloor", "severity": "critical",
+                            "pipeline": "fraud"},
+             "exp_annotations": {"summary": "fraud: served AUC below the floor", "description": (
+                 "The AUC of the answers pipeline fraud gave callers, judged by their labels, has stayed below the "
+                 "scorer's served_auc_floor for 5 minutes (now 0.520). `streamlearn status` shows the served "
+                 "version, how far it is behind the newest checkpoint and the gate's last decision; a pin "
+                 "(`streamlearn serve pin`) serves an older version by hand.")}}
+    result = promtool_test(tmp_path, [
+        {"interval": "1m", "input_series": [{"series": SERVED, "values": "0.93x3 0.52x10"},
+                                            {"series": FLOOR, "values": "0.7x13"}],
+         "alert_rule_test": [{"eval_time": "6m", "alertname": "StreamlearnServedQualityBelowFloor",
+                              "exp_alerts": []},
+                             {"eval_time": "9m", "alertname": "StreamlearnServedQualityBelowFloor",
+                              "exp_alerts": [below]}]},
+        {"interval": "1m", "input_series": [{"series": SERVED, "values": "0.93x3 0.72x10"},
+                                            {"series": FLOOR, "values": "0.7x13"}],
+         "alert_rule_test": [{"eval_time": "12m", "alertname": "StreamlearnServedQualityBelowFloor",
+                              "exp_alerts": []}]},
+    ])
+    assert result.returncode == 0, result.stdout + result.stderr

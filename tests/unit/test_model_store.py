@@ -8,32 +8,37 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from streamlearn.errors import CheckpointError, ConfigError
 from streamlearn.pipeline import load_pipeline
 from streamlearn.serve.config import ServeConfig
-from streamlearn.serve.gate import quality_problem, weights_problem
+from streamlearn.serve.gate import metric_problem, weights_problem
 from streamlearn.serve.model_store import ModelStore, pin_version, read_pin, unpin
 from streamlearn.train import checkpoint
+from tests import trained
 
 FRAUD = load_pipeline("fraud")
 AMOUNT = load_pipeline("amount")
 
 
 def write_checkpoint(run_dir: Path, version: int, *, pipeline=FRAUD, metric: float | None = 0.8,
-                     scale: float = 1.0, fill: float | None = None) -> Path:
+                     scale: float = 1.0, fill: float | None = None, quality: str | None = None) -> Path:
+    """`quality` ("good" or "bad"): a really trained fraud model (tests/trained.py) with the evidence the
+    trainer writes, fresh events it scored; without, random weights and no evidence."""
     torch.manual_seed(version)
-    state = pipeline.build_model().state_dict()
+    state = pipeline.build_model().state_dict() if quality is None else trained.state(quality)
     state = {k: (torch.full_like(v, fill) if fill is not None and k.endswith("weight") else v * scale)
              for k, v in state.items()}
+    evidence = trained.evidence(state, seed=version) if quality is not None else None
     name, _ = ("auc", True) if pipeline.task == "classification" else ("mae", False)
     online = {"window": 1000} | ({name: metric} if metric is not None else {})
     meta = {"version": version, "offsets": {"0": 100 * version}, "counters": {"learned": 100 * version},
             "metrics": {"online": online, "train_loss": 0.3}, "pipeline": pipeline.describe(),
             "written_at": time.time(), "topic": "transactions"}
-    return checkpoint.write(run_dir / f"checkpoint_{version:09d}", state, None, meta)
+    return checkpoint.write(run_dir / f"checkpoint_{version:09d}", state, None, meta, evidence=evidence)
 
 
 def flip_bytes(path: Path) -> None:
@@ -50,7 +55,7 @@ def run_dir(tmp_path) -> Path:
 
 @pytest.fixture
 def store(run_dir) -> ModelStore:
-    return ModelStore(FRAUD, run_dir, quality_tolerance=0.02)
+    return ModelStore(FRAUD, run_dir)
 
 
 def test_no_checkpoint_means_no_model(store):
@@ -68,35 +73,98 @@ def test_first_good_checkpoint_serves_and_scores(store, run_dir):
     assert not any(p.requires_grad for p in served.model.parameters())
 
 
-@pytest.mark.parametrize("pipeline, serving, candidate, accepted", [
-    (FRAUD, 0.80, 0.85, True),    # better
-    (FRAUD, 0.80, 0.80, True),    # equal
-    (FRAUD, 0.80, 0.785, True),   # worse, within tolerance
-    (FRAUD, 0.80, 0.75, False),   # worse by more than tolerance
-    (AMOUNT, 0.50, 0.40, True),   # lower MAE is better
-    (AMOUNT, 0.50, 0.515, True),
-    (AMOUNT, 0.50, 0.60, False),
-])
-def test_quality_gate(tmp_path, pipeline, serving, candidate, accepted):
-    run_dir = tmp_path / pipeline.name
-    store = ModelStore(pipeline, run_dir, quality_tolerance=0.02)
-    write_checkpoint(run_dir, 1, pipeline=pipeline, metric=serving)
+def test_a_lucky_approved_metric_is_no_ratchet(store, run_dir):
+    """Issue 44: v1 was approved on a lucky window (0.99); the candidates after it score 0.93 on
+    windows of their own. Judged on the same events as v1, none is worse, so each is served; the
+    metric-against-metric gate refused every one of them."""
+    write_checkpoint(run_dir, 1, quality="good", metric=0.99)
+    assert store.poll_once() and store.current.version == 1
+    for version in range(2, 6):
+        write_checkpoint(run_dir, version, quality="good", metric=0.93)
+        assert store.poll_once(), store.last_rejection
+        assert store.current.version == version
+        evidence = store.ledger.read(version).evidence
+        assert evidence["hold"] is False and evidence["events"] == 4096 and evidence["positives"] >= 30
+        assert evidence["metric"] == "auc" and evidence["candidate"] > 0.8
+    assert store.rejections == {}
+
+
+def test_a_truly_worse_candidate_is_held(store, run_dir):
+    """Learned on shuffled labels: its own window even reports a fine metric, the same events show it."""
+    write_checkpoint(run_dir, 1, quality="good")
+    store.poll_once()
+    write_checkpoint(run_dir, 2, quality="bad", metric=0.95)
+    assert store.poll_once() is False and store.current.version == 1
+    rejected = store.ledger.read(2)
+    assert rejected.kind == "quality" and rejected.compared_with == 1
+    assert rejected.evidence["hold"] is True and rejected.evidence["better_by"] < -0.2
+    assert "on the same 4096 events" in rejected.reason and "worse by more than 0.02" in rejected.reason
+    write_checkpoint(run_dir, 3, quality="good")
+    assert store.poll_once() and store.current.version == 3  # judged against v1, not the refused v2
+    assert store.ledger.read(3).compared_with == 1
+
+
+def test_a_stale_served_model_is_replaced_on_fresh_events(store, run_dir):
+    """A resumed lineage serving a model the stream has left behind (here: one that learned nothing,
+    approved as the lineage's first) is judged again by every candidate, on the candidate's events."""
+    write_checkpoint(run_dir, 1, quality="bad", metric=0.99)
     assert store.poll_once()
-    write_checkpoint(run_dir, 2, pipeline=pipeline, metric=candidate)
-    assert store.poll_once() is accepted
-    assert store.current.version == (2 if accepted else 1)
-    if not accepted:
-        assert store.last_rejection.kind == "quality" and store.last_rejection.version == 2
-        assert "tolerance" in store.last_rejection.reason
+    write_checkpoint(run_dir, 2, quality="good", metric=0.9)
+    assert store.poll_once() and store.current.version == 2
+    assert store.ledger.read(2).evidence["better_by"] > 0.2
+
+
+def test_a_served_version_that_fails_callers_is_replaced(store, run_dir):
+    """The evaluator's served quality counts: v1's answers score 0.55 for callers, below the floor,
+    so a candidate that would be held against v1's score on the trainer's events is served."""
+    write_checkpoint(run_dir, 1, quality="good")
+    store.poll_once()
+    (run_dir / "served.jsonl").write_text(json.dumps(
+        {"t": time.time(), "versions": {"1": {"window": 3000, "auc": 0.55}}, "overall": {}}) + "\n")
+    write_checkpoint(run_dir, 2, quality="bad")
+    assert store.poll_once() and store.current.version == 2
+    assert "below the floor 0.7: replaced" in store.ledger.read(2).evidence["why"]
+
+
+def test_a_lineage_without_evidence_is_judged_on_integrity_and_weights(store, run_dir):
+    """Checkpoints of a trainer before evidence (or gate_evidence=0): no paired test, no ratchet."""
+    write_checkpoint(run_dir, 1, metric=0.99)
+    store.poll_once()
+    write_checkpoint(run_dir, 2, metric=0.5)
+    assert store.poll_once() and store.ledger.read(2).evidence is None
+
+
+def test_the_regression_gate_compares_errors_on_the_same_events(tmp_path):
+    """Lower MAE is better: a candidate whose answers are off by 1 more than the served model's on
+    the same events is held; one off by less is served."""
+    run_dir = tmp_path / AMOUNT.name
+    store = ModelStore(AMOUNT, run_dir)
+    write_checkpoint(run_dir, 1, pipeline=AMOUNT)
+    store.poll_once()
+    served = store.current.model
+    x = np.random.default_rng(0).normal(size=(500, AMOUNT.n_features)).astype(np.float32)
+    with torch.inference_mode():
+        truth = served(torch.from_numpy(x)).numpy()
+
+    def candidate(version: int, error: float) -> None:
+        path = write_checkpoint(run_dir, version, pipeline=AMOUNT)
+        scores = (truth + error).astype(np.float32)
+        checkpoint.write(path, torch.load(path / "model.pt")["model"], None, checkpoint.read_meta(path),
+                         evidence={"features": x, "scores": scores, "targets": truth.astype(np.float32)})
+
+    candidate(2, 1.0)  # the served model is exact on these events: the candidate is off by 1
+    assert not store.poll_once() and store.ledger.read(2).evidence["metric"] == "mae"
+    assert store.ledger.read(2).evidence["hold"] is True
+    candidate(3, 0.0)
+    assert store.poll_once() and store.current.version == 3
 
 
 def test_gate_edge_cases():
     meta = lambda auc: {"metrics": {"online": {"auc": auc}}}  # noqa: E731
-    assert quality_problem(meta(0.5), None, "classification", 0.02) is None  # nothing to compare with
-    assert quality_problem(meta(None), 0.9, "classification", 0.02) is None  # AUC undefined yet
-    assert "nan" in quality_problem(meta(float("nan")), 0.9, "classification", 0.02)
-    assert "nan" in quality_problem(meta(float("nan")), None, "classification", 0.02)  # even as the first
-    assert quality_problem(meta("junk"), 0.9, "classification", 0.02)
+    assert metric_problem(meta(0.5), "classification") is None
+    assert metric_problem(meta(None), "classification") is None  # AUC undefined yet
+    assert "nan" in metric_problem(meta(float("nan")), "classification")
+    assert metric_problem(meta("junk"), "classification")
 
 
 @pytest.mark.parametrize("kwargs", [{"scale": 1e6}, {"fill": float("nan")}, {"fill": float("inf")}])
@@ -244,11 +312,11 @@ def test_timeline_traces_each_swap_and_rejection(run_dir, tmp_path):
     from streamlearn.observe.timeline import merge, read_trace
 
     store = ModelStore(FRAUD, run_dir, timeline=str(tmp_path / "tl"))
-    write_checkpoint(run_dir, 1)
+    write_checkpoint(run_dir, 1, quality="good")
     assert store.poll_once()
-    write_checkpoint(run_dir, 2, metric=0.5)  # the quality gate turns it away
+    write_checkpoint(run_dir, 2, quality="bad")  # the quality gate turns it away
     assert not store.poll_once()
-    write_checkpoint(run_dir, 3)
+    write_checkpoint(run_dir, 3, quality="good")
     assert store.poll_once()
     path = tmp_path / f"tl.scorer-{os.getpid()}.json"
     live = read_trace(path)  # flushed as it goes: readable while the replica runs
@@ -270,9 +338,9 @@ def test_a_later_replica_follows_the_recorded_decision_not_its_own(run_dir):
     """The demo's bug: a replica that started later had no serving model to compare with, so it
     took a version the first replica had refused, and callers saw the two versions alternate."""
     first = ModelStore(FRAUD, run_dir, quality_tolerance=0.02)
-    write_checkpoint(run_dir, 1, metric=0.80)
+    write_checkpoint(run_dir, 1, quality="good")
     assert first.poll_once()
-    write_checkpoint(run_dir, 2, metric=0.70)  # worse than v1 by more than the tolerance
+    write_checkpoint(run_dir, 2, quality="bad")  # worse than v1 on the same events
     assert not first.poll_once() and first.last_rejection.kind == "quality"
 
     later = ModelStore(FRAUD, run_dir, quality_tolerance=0.02)
@@ -283,15 +351,15 @@ def test_a_later_replica_follows_the_recorded_decision_not_its_own(run_dir):
     assert decisions == ["v000000001.json", "v000000002.json"]
     recorded = json.loads((run_dir / "decisions" / "v000000002.json").read_text())
     assert recorded["approved"] is False and recorded["kind"] == "quality" and recorded["compared_with"] == 1
-    assert "tolerance" in recorded["reason"] and recorded["by"].endswith(f":{os.getpid()}")
+    assert "worse by more than 0.02" in recorded["reason"] and recorded["by"].endswith(f":{os.getpid()}")
 
 
 def test_the_gate_compares_with_the_last_approved_version(run_dir):
     store = ModelStore(FRAUD, run_dir, quality_tolerance=0.02)
-    write_checkpoint(run_dir, 1, metric=0.90)
+    write_checkpoint(run_dir, 1, quality="good")
     store.poll_once()
-    write_checkpoint(run_dir, 2, metric=0.85)  # refused against v1
-    write_checkpoint(run_dir, 3, metric=0.87)  # refused against v1 too, not judged against the refused v2
+    write_checkpoint(run_dir, 2, quality="bad")  # refused against v1
+    write_checkpoint(run_dir, 3, quality="bad")  # refused against v1 too, not judged against the refused v2
     store.poll_once()
     assert store.current.version == 1
     assert sorted(store.ledger.read(v).approved for v in (2, 3)) == [False, False]
@@ -409,13 +477,14 @@ def test_decisions_of_pruned_checkpoints_are_dropped(run_dir):
                                                                                "v000000005.json"]
 
 
-def _write_through_trainer(writer, version: int, auc: float) -> None:
+def _write_through_trainer(writer, version: int, quality: str) -> None:
     """A checkpoint as the trainer writes it: through its background writer, which prunes."""
-    torch.manual_seed(version)
     meta = {"version": version, "offsets": {"0": 100 * version}, "counters": {"learned": 100 * version},
-            "metrics": {"online": {"window": 1000, "auc": auc}, "train_loss": 0.3},
+            "metrics": {"online": {"window": 1000, "auc": 0.9}, "train_loss": 0.3},
             "pipeline": FRAUD.describe(), "written_at": time.time(), "topic": "transactions"}
-    writer.submit(version, FRAUD.build_model().state_dict(), None, meta, {0: 100 * version}, then=lambda: None)
+    state = trained.state(quality)
+    writer.submit(version, state, None, meta, {0: 100 * version}, then=lambda: None,
+                  evidence=trained.evidence(state, seed=version))
     writer.drain()
 
 
@@ -427,10 +496,10 @@ def test_retention_keeps_what_a_new_replica_must_serve(run_dir):
 
     writer = CheckpointWriter(run_dir, keep=2, commit=lambda offsets: None)
     first = ModelStore(FRAUD, run_dir, quality_tolerance=0.02, swap_delay_s=0)
-    _write_through_trainer(writer, 1, auc=0.80)
+    _write_through_trainer(writer, 1, "good")
     first.poll_once()
     for version in range(2, 7):  # each much worse than v1: refused
-        _write_through_trainer(writer, version, auc=0.50)
+        _write_through_trainer(writer, version, "bad")
         first.poll_once()
     assert first.current.version == 1
     assert [v for v, _ in checkpoint.list_checkpoints(run_dir)] == [1, 5, 6]
@@ -440,7 +509,7 @@ def test_retention_keeps_what_a_new_replica_must_serve(run_dir):
 
     pin_version(run_dir.parent, run_dir.name, 5)
     for version in range(7, 10):
-        _write_through_trainer(writer, version, auc=0.50)
+        _write_through_trainer(writer, version, "bad")
     writer.close()
     assert [v for v, _ in checkpoint.list_checkpoints(run_dir)] == [1, 5, 8, 9]
 
@@ -521,3 +590,22 @@ def test_a_request_poll_that_fails_is_not_retried_by_every_request(run_dir, monk
     assert len(calls) == 1
     time.sleep(0.12)
     assert store.serving().version == 1 and len(calls) == 2
+
+
+def test_how_far_serving_is_behind_and_why(store, run_dir):
+    """Issue 44's bound on staleness: GET /model (and so `streamlearn status` and the gauges the
+    StreamlearnServingStale alert reads) says how far the served version trails and why."""
+    write_checkpoint(run_dir, 1, quality="good")
+    store.poll_once()
+    assert store.status()["behind"] | {"bound": None} == {"versions": 0, "seconds": 0.0, "newest": 1, "why": None,
+                                                           "bound": None}
+    write_checkpoint(run_dir, 2, quality="bad")
+    write_checkpoint(run_dir, 3, quality="bad")
+    store.poll_once()
+    behind = store.status()["behind"]
+    assert behind["versions"] == 2 and behind["newest"] == 3 and behind["seconds"] >= 0
+    assert behind["why"].startswith("holding v1: v3 refused (quality): auc ")
+    assert behind["bound"] == {"versions": 10, "seconds": 300.0}
+    pin_version(run_dir.parent, run_dir.name, 1)
+    store.poll_once()
+    assert store.status()["behind"]["why"].startswith("pinned to v1")

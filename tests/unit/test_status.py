@@ -136,3 +136,17 @@ def test_status_shows_the_newest_group_failure_a_worker_diagnosed():
         flat = " ".join(render_text(snapshot, MODEL, now=NOW, failure=failure).split())
         assert "last failure 42 s ago, rank 0 of the group at v17: IngestError: window 3: 4001 of its" in flat
     assert "last failure" not in render_text(SNAPSHOT, MODEL, now=NOW)
+
+
+def test_status_says_how_far_serving_is_behind_why_and_past_which_bound():
+    evidence = {"metric": "auc", "candidate": 0.9412, "served": 0.9377, "events": 4096, "hold": False}
+    decision = {"by": "host:1", "compared_with": 40, "evidence": evidence}
+    held = MODEL | {"decision": decision, "behind": {
+        "versions": 12, "seconds": 31.0, "newest": 53, "bound": {"versions": 10, "seconds": 300.0},
+        "why": "holding v41: v53 refused (quality): auc 0.52 against the served model's 0.94"}}
+    flat = " ".join(render_text(SNAPSHOT, held, now=NOW).split())
+    assert "approved by host:1 against v40 (auc 0.941 vs 0.938 on the same 4,096 events)" in flat, flat
+    assert ("12 versions, 31.0 s behind the newest checkpoint v53: holding v41: v53 refused (quality)" in flat), flat
+    assert "past the bound of 10 versions or 300.0 s: StreamlearnServingStale" in flat, flat
+    fresh = MODEL | {"behind": {"versions": 0, "seconds": 0.0, "newest": 41, "why": None}}
+    assert "serving the newest checkpoint v41" in " ".join(render_text(SNAPSHOT, fresh, now=NOW).split())
