@@ -33,6 +33,7 @@ from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.model_store import pin_version, unpin
 from streamlearn.train import checkpoint
+from tests import trained
 
 pytestmark = pytest.mark.integration
 
@@ -49,15 +50,19 @@ TOKEN = "integration-test-token"
 
 
 def write_checkpoint(run_dir: Path, version: int, *, auc: float = 0.8, scale: float = 1.0,
-                     corrupt: bool = False) -> Path:
+                     corrupt: bool = False, quality: str | None = None) -> Path:
     """Written beside the run dir and renamed in, so a replica never sees it half-made (and a
-    corrupt one is corrupt from the first moment it is visible)."""
+    corrupt one is corrupt from the first moment it is visible). `quality` ("good", "bad"): a
+    really trained model with the evidence the trainer writes (tests/trained.py)."""
     torch.manual_seed(version)
-    state = {k: v * scale for k, v in FRAUD.build_model().state_dict().items()}
+    state = FRAUD.build_model().state_dict() if quality is None else trained.state(quality)
+    state = {k: v * scale for k, v in state.items()}
+    evidence = trained.evidence(state, seed=version) if quality is not None else None
     meta = {"version": version, "offsets": {"0": 1000 * version, "1": 900 * version}, "counters": {},
             "metrics": {"online": {"auc": auc, "logloss": 0.3, "window": 5000}, "train_loss": 0.3},
             "pipeline": FRAUD.describe(), "written_at": time.time(), "topic": "transactions"}
-    staging = checkpoint.write(run_dir.parent / f".staging-{run_dir.name}-{version}", state, None, meta)
+    staging = checkpoint.write(run_dir.parent / f".staging-{run_dir.name}-{version}", state, None, meta,
+                               evidence=evidence)
     if corrupt:
         data = bytearray((staging / "model.pt").read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -202,16 +207,20 @@ def test_gate_rejects_degraded_checkpoints(service):
     assert info, "weights x1e6 were not rejected"
     assert info["last_rejection"]["kind"] == "weights" and info["version"] == serving
 
-    worse = next_version(cfg)
-    write_checkpoint(cfg.run_dir, worse, auc=0.55)  # far below the serving model's online AUC
+    good = next_version(cfg)  # a trained model: on its evidence it beats the random one served
+    paths[good] = write_checkpoint(cfg.run_dir, good, quality="good")
+    assert wait_for(lambda: client.post("/score", json=EVENT).json()["version"] == good, 3)
+    worse = next_version(cfg)  # learned shuffled labels: worse than the served one on the same events
+    write_checkpoint(cfg.run_dir, worse, auc=0.99, quality="bad")
     info = wait_for(lambda: (i := model_info(client))["last_rejection"] and i["last_rejection"]["version"] == worse
                     and i, 3)
     assert info, "a much worse checkpoint was not rejected"
-    assert info["last_rejection"]["kind"] == "quality" and "auc" in info["last_rejection"]["reason"]
+    assert info["last_rejection"]["kind"] == "quality" and "on the same 4096 events" in info["last_rejection"]["reason"]
+    assert info["behind"]["versions"] == 1 and info["behind"]["why"].startswith(f"holding v{good}: v{worse} refused")
     counted = before["rejections"]
     assert info["rejections"] == {**counted, "weights": counted.get("weights", 0) + 1,
                                   "quality": counted.get("quality", 0) + 1}
-    assert client.post("/score", json=EVENT).json()["version"] == serving
+    assert client.post("/score", json=EVENT).json()["version"] == good
 
 
 def test_corrupt_checkpoint_is_rejected_and_later_ones_still_swap(service):
