@@ -208,6 +208,11 @@ def _parse_events(body: bytes, max_batch: int) -> list:
     except ValueError as e:
         raise ClientError(400, f"body is not JSON: {getattr(e, 'msg', e)} at position {getattr(e, 'pos', '?')}",
                           reason="not_json") from None
+    if _SURROGATE_ESCAPE.search(body) and (found := _lone_surrogate(payload)):
+        # Python's parser takes "\ud800" alone; the trainer's (orjson, msgspec) refuse it, and so
+        # did the answer log's encoder, inside the handler: a 500. Refused here like a broken body.
+        raise ClientError(400, f"body is not JSON: {found[0]} holds a lone surrogate (\\u{ord(found[1]):04x}), "
+                               f"not valid Unicode", reason="not_json")
     if isinstance(payload, dict):
         return _Single([payload])
     if not isinstance(payload, list):
@@ -219,6 +224,25 @@ def _parse_events(body: bytes, max_batch: int) -> list:
         raise ClientError(413, f"{len(payload)} events in one request, limit {max_batch}: split the batch",
                           reason="too_many")
     return payload
+
+
+# A \uD800-\uDFFF escape: the only way a lone surrogate gets into the parsed body. Searched first,
+# so the walk below runs for the rare body that has one (an emoji's pair is one code point).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _lone_surrogate(obj: Any, where: str = "") -> tuple[str, str] | None:
+    """(where in the parsed body, the character) of the first lone surrogate, or None."""
+    if isinstance(obj, str):
+        bad = next((c for c in obj if "\ud800" <= c <= "\udfff"), None)
+        return None if bad is None else (where or "a string", bad)
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        inner = f"{where}field {key!r}" if isinstance(key, str) else f"event {key}: "
+        if found := (isinstance(key, str) and _lone_surrogate(key, f"{where}a field name")) or \
+                _lone_surrogate(value, inner):
+            return found
+    return None
 
 
 def _json_safe(obj: Any) -> Any:

@@ -422,3 +422,16 @@ def test_autoscales_under_load_without_failures(secure):
     failed = [r for r in results if r[1] != 200]
     assert results and not failed, f"{len(failed)} of {len(results)} failed while scaling, e.g. {failed[:3]}"
     assert {version for _, _, version, _ in results} == {1}  # the new replica loaded before taking traffic
+
+
+def test_a_lone_surrogate_is_a_400_not_a_500_with_answers_published(service):
+    """Issue 47: with the answer log on (this module's scorer publishes to <topic>.scores), an id
+    holding a lone surrogate passed validation and broke the answer's encoding in the handler."""
+    cfg, client, _paths = service
+    assert cfg.scores_topic
+    for body in ({**EVENT, "event_id": "\ud800"}, [EVENT, {**EVENT, "event_id": "tx-\udfff"}]):
+        response = client.post("/score", content=json.dumps(body).encode(),
+                               headers={"content-type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert "lone surrogate" in response.json()["detail"] and "'event_id'" in response.json()["detail"]
+    assert client.post("/score", json={**EVENT, "event_id": "tx-\U0001f600"}).status_code == 200  # a pair is fine
