@@ -15,6 +15,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Protocol
 
 import numpy as np
 
@@ -58,6 +59,33 @@ class Batch:
     @property
     def dead_lettered(self) -> int:
         return len(self.bad) + len(self.bad_labels)
+
+
+class Pending(Protocol):
+    def result(self) -> Batch: ...
+
+
+class Stream(Protocol):
+    """What the worker loop (train/loop.py) needs of an ingest mode: `WorkerStream` below (each rank
+    reads Kafka itself) and `raydata_stream.RayDataStream` (--ingest ray-data) implement it. Rank 0's
+    `reader` plans windows and commits offsets; the end of the stream is the plan's `Window.stop`."""
+
+    reader: RangeReader | None
+    dead_letters: DeadLetters
+    lookahead: int  # windows planned and reading beyond the one being learned
+
+    @property
+    def read_lanes(self) -> int: ...  # how many ways the planner cuts a window
+
+    def start(self, dlq_positions: dict[int, int], join_state: dict[str, np.ndarray] | None = None) -> None: ...
+
+    def prefetch(self, window: Window) -> Pending: ...
+
+    def dead_letter(self, batch: Batch) -> None: ...
+
+    def ingest_stats(self) -> dict: ...
+
+    def close(self) -> None: ...
 
 
 class WorkerStream:

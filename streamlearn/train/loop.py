@@ -4,18 +4,20 @@ Each window: rank 0 plans it and every rank gets the plan; each rank reads its s
 (one window ahead, in the background), learns it predict-then-learn in the same number
 of DDP steps as every other rank, and at checkpoint windows all ranks sum their counters
 and rank 0 reports model + optimizer + offsets. Offsets are committed to the consumer
-group only after `ray.train.report` has persisted the checkpoint.
+group only after the checkpoint is durable. `Worker.run` is that loop; `Worker.start` all
+that comes before it; `Worker.checkpoint` what a checkpoint window adds.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -27,7 +29,7 @@ import torch.distributed as dist
 from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import StreamlearnError
-from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch, WorkerStream, feature_width
+from streamlearn.ingest.stream import Batch, Stream, WorkerStream, feature_width
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
@@ -37,276 +39,317 @@ from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, await_handover, broadcast, exchange
 from streamlearn.train.drift import Alarm, Watch, for_pipeline
 from streamlearn.train.evidence import EvidenceSampler
+from streamlearn.train.learner import Learner
 from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.phases import Phases, trace_allreduce
 from streamlearn.train.prequential import summarize
 from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005
-Stream = WorkerStream  # or raydata_stream.RayDataStream (--ingest ray-data): the same methods
+
+
+@dataclass(frozen=True)
+class WorkerInputs:
+    """What the driver hands every worker of a group (train/trainer.py)."""
+
+    train: TrainConfig
+    kafka: KafkaSettings
+    controller: Any = None  # the run's ScaleController handle; None: a fixed size (tests)
+    gen: int = 0  # which group of the run: a resize's next group is gen + 1
+    warm: bool = False  # started beside the running group: wait for its hand-over first
+    consumed_at_start: int = 0  # what earlier groups consumed, against --max-events
+    started_at: float | None = None  # when `streamlearn train` started (wall clock)
+    fault: str = ""  # an aimed fault to arm (streamlearn/faults.py; tests only)
 
 
 def train_loop_per_worker(config: dict) -> None:
-    cfg: TrainConfig = config["train"]
-    kafka: KafkaSettings = config["kafka"]
-    startup = Startup(config.get("started_at"))
-    # The reader thread decodes in Python while this one trains; each step's allreduce returns
-    # into Python and waits for the GIL, by default up to 5 ms (the switch interval): 4.5 ms per
-    # step measured with 2 ranks. A shorter interval hands it back within a fraction of that.
-    sys.setswitchinterval(GIL_SWITCH_S)
-    # Ray sets OMP_NUM_THREADS from the worker's CPUs as the actor starts, and torch reads it when
-    # imported: a process that imported torch before (train/preload.py) would keep one thread per
-    # core, every rank's threads fighting over the same cores.
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    pipeline = load_pipeline(cfg.pipeline)
-    bind(pipeline=pipeline.name, rank=rank)  # on every log line from this worker, reader thread too
-    torch.manual_seed(cfg.seed)
-    device = ray.train.torch.get_device()
-    gen, warm = config.get("gen", 0), config.get("warm", False)
-    faults.arm(config.get("fault", ""), rank, _run_dir(cfg))
-    # Later groups trace to their own files: a resize's two groups run side by side.
-    phases = Phases(rank if not gen else 1000 * gen + rank, cfg.timeline,
-                    process=f"rank{rank}.group{gen}" if gen else "")
-    # All that is slow to start comes before a warm group's wait: Kafka clients, the model
-    # wrapped for DDP (its first use imports much of torch.distributed), the optimizer (torch.optim's
-    # first optimizer imports torch._dynamo: 3-4.5 s of one core here, measured).
-    stream = _stream_class(cfg, gen)(kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline, rank, world, phases)
-    startup.mark("kafka_clients")
-    model = ray.train.torch.prepare_model(pipeline.build_model())
-    optimizer = pipeline.make_optimizer(model.parameters())
-    trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
-    startup.mark("model_ready")
-    heap.quiet_for_streaming()  # what start-up built stays: collections walk only the stream's objects
-    if warm and not await_handover(config["controller"], gen, rank):
-        stream.close()
-        phases.close()
-        log("warm_group_called_off", rank=rank, gen=gen)
-        return
-
-    restore_t = time.monotonic()
-    restored = _restore(cfg, rank)
-    if restored:  # the same state on every rank, loaded in place under DDP
-        _unwrapped(model).load_state_dict(restored[0])
-        if restored[1]:
-            optimizer.load_state_dict(restored[1])
-    lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
-    if restored and rank == 0:
-        _complete_restored(cfg, stream, restored[2])
-    startup.mark("restored")
-    stream.start(lineage.dlq_positions, restored[3] if restored else None)
-    startup.mark("stream_started")
-    bind(version=lineage.version)
-    coordinator = _coordinator(cfg, stream, lineage, world, config.get("controller"),
-                               config.get("consumed_at_start", 0)) if rank == 0 else None
-    writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit,
-                              resumed_from=restored[4] if restored else None) if rank == 0 else None
-    reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
-    drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
-    evidence = EvidenceSampler(cfg.gate_evidence) if rank == 0 and cfg.gate_evidence else None
-    recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm), evidence)
-    delta, loss_sum, overhead_ms = Counters(), 0.0, []
-    log("worker_started", pipeline=pipeline.name, rank=rank, world=world, threads=torch.get_num_threads(),
-        version=lineage.version, positions=lineage.positions, restore_s=round(time.monotonic() - restore_t, 2))
+    worker = Worker.start(config["inputs"])
+    if worker is None:
+        return  # a warm group whose resize was called off
     try:
-        ahead: deque = deque()  # (window, its read under way), planned and not yet learned, oldest first
-        last_planned: list[Window] = []
-
-        def due() -> bool:
-            # Keep the stream's lookahead of windows planned and reading (the direct path reads
-            # one window ahead; Ray Data's pipeline needs several in flight to not wait on its
-            # own latency), and none past the window that stops the run. The same on every
-            # rank: `ahead` holds the same plans everywhere.
-            return len(ahead) < stream.lookahead and not (last_planned and last_planned[0].stop)
-
-        def start_reading(planned: Window) -> None:
-            ahead.append((planned, stream.prefetch(planned)))
-            last_planned[:] = [planned]
-
-        def plan_ahead() -> None:
-            while due():
-                with phases("plan"):
-                    start_reading(broadcast(coordinator.next_window() if coordinator else None, rank))
-
-        plan_ahead()
-        startup.mark("first_window_planned")
-        while True:
-            window, pending = ahead.popleft()
-            with phases("wait_data"):
-                batch = pending.result()
-            startup.mark("first_batch_read")
-            # Plan the next window (read while this one trains) and tell every rank every rank's
-            # size of this one, in one collective.
-            more = due()
-            with phases("plan"):
-                planned = coordinator.next_window() if coordinator and more else None
-            with phases("sync"):
-                planned, sizes = exchange(planned, batch.size, rank)
-            if more:
-                start_reading(planned)
-            plan_ahead()  # only where the lookahead still wants more (at start, Ray Data's)
-            steps, batch_loss, learned_fp = learn(model, optimizer, pipeline, batch, sizes, cfg, rank, device,
-                                                  recent, phases)
-            # What a window costs beyond reading and learning it: its plan and the collective carrying it.
-            overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
-            stream.dead_letter(batch)
-            record_window(pipeline.name, batch.size, dead_by_reason(batch.bad + batch.bad_labels),
-                          steps if rank == 0 else 0)
-            delta.add(Counters(batch.size, batch.dead_lettered, learned_fp, steps, expired=batch.expired,
-                               labels_dead_lettered=len(batch.bad_labels), defaulted=batch.defaulted))
-            if steps and startup.mark("first_step_done"):
-                startup.marks["first_window_events"] = window.size  # learned before the steady rate's clock starts
-            loss_sum += batch_loss
-            lineage.positions.update(window.end_positions())
-            if lineage.label_positions is not None:
-                lineage.label_positions.update(window.label_end_positions())
-            if coordinator:
-                coordinator.learned(window)
-            if window.checkpoint:
-                with phases("checkpoint"):
-                    extra = {"startup_s": startup.take(), "window_overhead_ms": round(float(np.median(overhead_ms)), 3)}
-                    save(model, optimizer, pipeline, cfg, lineage, delta, loss_sum, recent, stream, writer, reporter,
-                         phases, {k: v for k, v in extra.items() if v is not None}, batch.join_delta)
-                delta, loss_sum, overhead_ms = Counters(), 0.0, []
-            if window.stop:
-                break
-        if writer:
-            writer.drain()  # everything this group saved is published before it ends or hands over
-        if coordinator:
-            coordinator.stopped()  # a resize's next group restores what this one just saved
-        reporter.close()  # Ray's record of the last metrics, after the hand-over: not in its pause
+        worker.run()
     except StreamlearnError as e:  # a failure we diagnosed: why Ray Train restarts the group
-        _append_row(cfg, "failures", {"t": time.time(), "rank": rank, "gen": gen, "version": lineage.version,
-                                      "error": type(e).__name__, "message": str(e)[:2000]})
+        worker.record_failure(e)
         raise
     finally:
-        if coordinator:
-            coordinator.close()
-        reporter.close(wait=False)  # a failing worker must not wait on the other ranks' barrier
-        if writer:
-            writer.close()
-        stream.close()
-        phases.close()
-    log("worker_stopped", rank=rank, version=lineage.version)
+        worker.close()
+    log("worker_stopped", rank=worker.rank, version=worker.lineage.version)
 
 
-def learn(model, optimizer, pipeline: Pipeline, batch: Batch, sizes: list[int], cfg: TrainConfig, rank: int,
-          device, recent: Watch, phases: Phases) -> tuple[int, float, int]:
-    """Predict-then-learn over this rank's slice (`sizes`: every rank's, by rank), in exactly as
-    many steps as every other rank. Returns (steps, summed loss, fingerprint of the rows learned)."""
-    steps = max(math.ceil(n / cfg.batch_size) for n in sizes)
-    if steps == 0:
-        return 0, 0.0, 0
-    world = len(sizes)
-    # Seeded by the window's offsets, not the clock: a window replayed after a crash is
-    # learned in the same order, so a resumed lineage ends with the same weights (bitwise).
-    rng = np.random.default_rng([cfg.seed, rank, *(o for r in sorted(batch.window.ranges.items()) for o in r[1])])
-    order = rng.permutation(batch.size)  # local shuffle across partitions
-    # The window is put in its shuffled order once, and each step takes a contiguous slice of it:
-    # gathering each step's rows of features, targets and fingerprints cost 60-100 us of a
-    # 0.7-1.0 ms step (fraud MLP, one thread; measured).
-    ends = np.cumsum([_split_size(batch.size, steps, s) for s in range(steps)]).tolist()
-    totals = [sum(_split_size(n, steps, s) for n in sizes) for s in range(steps)]
-    features, targets = torch.from_numpy(batch.features[order]), torch.from_numpy(batch.targets[order])
-    with phases("train", events=batch.size, steps=steps):
-        loss_sum, learned_fp = _steps(model, optimizer, pipeline, features, targets, batch.crcs[order], ends, totals,
-                                      world, device, recent, phases)
-    return steps, loss_sum, learned_fp
+@dataclass
+class Accrued:
+    """What the windows since the last checkpoint add up to, on this rank."""
+
+    counters: Counters = field(default_factory=Counters)
+    loss: float = 0.0
+    overhead_ms: list[float] = field(default_factory=list)  # each window's plan + the collective carrying it
 
 
-def _steps(model, optimizer, pipeline, features, targets, crcs, ends, totals, world, device, recent,
-           phases: Phases) -> tuple[float, int]:
-    """Step s learns rows [ends[s-1], ends[s]) of the shuffled window."""
-    loss_sum, learned_fp, start = 0.0, 0, 0
-    for end, total in zip(ends, totals, strict=True):
-        rows, y_rows = features[start:end], targets[start:end]
-        x, y = rows.to(device), y_rows.to(device)
-        with phases("forward"):
-            output = model(x)
-            per_event = pipeline.loss(output, y)
-            # Sum, scaled so DDP's mean over ranks equals the mean over the global batch,
-            # however unevenly the window split (an empty rank still joins the allreduce).
-            loss = per_event.sum() * (world / total)
-        optimizer.zero_grad(set_to_none=True)
-        with phases("backward"):  # DDP's allreduce overlaps this; the timeline shows it on its own track
-            loss.backward()
-        with phases("step"):
-            optimizer.step()
-        faults.point("step")
-        if end > start:
-            # Into the fingerprint only once the step that used them is taken: a row trained
-            # twice, or skipped, shows in the lineage's fingerprint.
-            learned_fp += int(crcs[start:end].sum(dtype=np.uint64))
-            recent.observe(pipeline.score(output.detach()).cpu().numpy(), y_rows.numpy(), rows.numpy)
-            loss_sum += float(per_event.detach().sum())
-        start = end
-    return loss_sum, learned_fp % FINGERPRINT_MOD
+@dataclass
+class Worker:
+    """One rank's state through a group's life: what it learns with, where the lineage stands,
+    and (rank 0) who plans windows and writes checkpoints."""
+
+    inputs: WorkerInputs
+    rank: int
+    world: int
+    pipeline: Pipeline
+    phases: Phases
+    startup: Startup
+    stream: Stream
+    learner: Learner
+    lineage: Lineage | None = None
+    coordinator: Coordinator | None = None  # rank 0
+    writer: CheckpointWriter | None = None  # rank 0
+    reporter: Reporter | None = None
+    accrued: Accrued = field(default_factory=Accrued)
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.inputs.train
+
+    @classmethod
+    def start(cls, inputs: WorkerInputs) -> Worker | None:
+        """Everything before the first window; None if this warm group's resize was called off."""
+        cfg, startup = inputs.train, Startup(inputs.started_at)
+        # The reader thread decodes in Python while this one trains; each step's allreduce returns
+        # into Python and waits for the GIL, by default up to 5 ms (the switch interval): 4.5 ms per
+        # step measured with 2 ranks. A shorter interval hands it back within a fraction of that.
+        sys.setswitchinterval(GIL_SWITCH_S)
+        # Ray sets OMP_NUM_THREADS from the worker's CPUs as the actor starts, and torch reads it when
+        # imported: a process that imported torch before (train/preload.py) would keep one thread per
+        # core, every rank's threads fighting over the same cores.
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        ctx = ray.train.get_context()
+        rank, world = ctx.get_world_rank(), ctx.get_world_size()
+        pipeline = load_pipeline(cfg.pipeline)
+        bind(pipeline=pipeline.name, rank=rank)  # on every log line from this worker, reader thread too
+        torch.manual_seed(cfg.seed)
+        faults.arm(inputs.fault, rank, _run_dir(cfg))
+        # Later groups trace to their own files: a resize's two groups run side by side.
+        phases = Phases(rank if not inputs.gen else 1000 * inputs.gen + rank, cfg.timeline,
+                        process=f"rank{rank}.group{inputs.gen}" if inputs.gen else "")
+        # All that is slow to start comes before a warm group's wait: Kafka clients, the model
+        # wrapped for DDP (its first use imports much of torch.distributed), the optimizer (torch.optim's
+        # first optimizer imports torch._dynamo: 3-4.5 s of one core here, measured).
+        stream = _stream_class(cfg, inputs.gen)(inputs.kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline,
+                                                rank, world, phases)
+        startup.mark("kafka_clients")
+        model = ray.train.torch.prepare_model(pipeline.build_model())
+        optimizer = pipeline.make_optimizer(model.parameters())
+        trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
+        startup.mark("model_ready")
+        heap.quiet_for_streaming()  # what start-up built stays: collections walk only the stream's objects
+        if inputs.warm and not await_handover(inputs.controller, inputs.gen, rank):
+            stream.close()
+            phases.close()
+            log("warm_group_called_off", rank=rank, gen=inputs.gen)
+            return None
+        # On rank 0 the scored events also feed the drift monitor and the gate's evidence.
+        drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
+        evidence = EvidenceSampler(cfg.gate_evidence) if rank == 0 and cfg.gate_evidence else None
+        recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm), evidence)
+        learner = Learner(model, optimizer, pipeline, ray.train.torch.get_device(), recent, phases)
+        worker = cls(inputs, rank, world, pipeline, phases, startup, stream, learner)
+        worker.resume()
+        return worker
+
+    def resume(self) -> None:
+        """Restore the lineage's newest checkpoint (every rank the same), start the stream where it
+        left off, and (rank 0) the coordinator and the checkpoint writer."""
+        cfg, rank, stream, inputs = self.cfg, self.rank, self.stream, self.inputs
+        restore_t = time.monotonic()
+        restored = _restore(cfg, rank)
+        if restored:  # the same state on every rank, loaded in place under DDP
+            _unwrapped(self.learner.model).load_state_dict(restored[0])
+            if restored[1]:
+                self.learner.optimizer.load_state_dict(restored[1])
+        self.lineage = lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
+        if restored and rank == 0:
+            _complete_restored(cfg, stream, restored[2])
+        self.startup.mark("restored")
+        stream.start(lineage.dlq_positions, restored[3] if restored else None)
+        self.startup.mark("stream_started")
+        bind(version=lineage.version)
+        if rank == 0:
+            self.coordinator = _coordinator(cfg, stream, lineage, self.world, inputs.controller,
+                                            inputs.consumed_at_start)
+            self.writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit,
+                                           resumed_from=restored[4] if restored else None)
+        self.reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
+        log("worker_started", pipeline=self.pipeline.name, rank=rank, world=self.world,
+            threads=torch.get_num_threads(), version=lineage.version, positions=lineage.positions,
+            restore_s=round(time.monotonic() - restore_t, 2))
+
+    def run(self) -> None:
+        """Window after window, each read while the one before it trains, until one says stop."""
+        readahead = ReadAhead(self.stream, self.coordinator, self.rank, self.phases, self.startup)
+        readahead.fill()
+        self.startup.mark("first_window_planned")
+        while True:
+            window, batch, sizes = readahead.next()
+            self.learn(window, batch, sizes)
+            if window.checkpoint:
+                with self.phases("checkpoint"):
+                    self.checkpoint(batch.join_delta)
+            if window.stop:
+                break
+        if self.writer:
+            self.writer.drain()  # everything this group saved is published before it ends or hands over
+        if self.coordinator:
+            self.coordinator.stopped()  # a resize's next group restores what this one just saved
+        self.reporter.close()  # Ray's record of the last metrics, after the hand-over: not in its pause
+
+    def learn(self, window: Window, batch: Batch, sizes: list[int]) -> None:
+        """Learn this rank's slice, dead-letter its bad events, and move the lineage past the window."""
+        cfg, rank, phases = self.cfg, self.rank, self.phases
+        steps, batch_loss, learned_fp = self.learner.learn(batch, sizes, cfg.batch_size, cfg.seed, rank)
+        # What a window costs beyond reading and learning it: its plan and the collective carrying it.
+        self.accrued.overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
+        self.stream.dead_letter(batch)
+        record_window(self.pipeline.name, batch.size, dead_by_reason(batch.bad + batch.bad_labels),
+                      steps if rank == 0 else 0)
+        self.accrued.counters.add(Counters(batch.size, batch.dead_lettered, learned_fp, steps, expired=batch.expired,
+                                           labels_dead_lettered=len(batch.bad_labels), defaulted=batch.defaulted))
+        if steps and self.startup.mark("first_step_done"):
+            self.startup.marks["first_window_events"] = window.size  # learned before the steady rate's clock starts
+        self.accrued.loss += batch_loss
+        self.lineage.positions.update(window.end_positions())
+        if self.lineage.label_positions is not None:
+            self.lineage.label_positions.update(window.label_end_positions())
+        if self.coordinator:
+            self.coordinator.learned(window)
+
+    def checkpoint(self, join_delta: dict[str, np.ndarray] | None) -> None:
+        """All ranks: flush dead letters, sum counters, gather metric windows (and with joined labels
+        what changed in each rank's join state). Rank 0 snapshots the model and hands it to the
+        writer, which publishes, commits offsets and prunes behind training."""
+        accrued, lineage, phases, recent = self.accrued, self.lineage, self.phases, self.learner.recent
+        faults.point("before_dead_letter_flush")
+        with phases("checkpoint.flush_dead_letters"):
+            self.stream.dead_letters.flush()
+        with phases("checkpoint.sum_counters"):
+            summed = _sum_counters(accrued.counters, accrued.loss)
+            windows = _gather((*recent.arrays(), self.stream.dead_letters.written))
+        with phases("checkpoint.join_state"):  # every rank's join-state delta, pickled to rank 0
+            join_state = _gather_to_rank0(join_delta) if self.pipeline.labels else None
+        lineage.totals.add(summed[0])
+        lineage.version += 1
+        bind(version=lineage.version)
+        extra = {"startup_s": self.startup.take(),
+                 "window_overhead_ms": round(float(np.median(accrued.overhead_ms)), 3)}
+        metrics = {"version": lineage.version, "learned": lineage.totals.learned, "phases_s": phases.take(),
+                   "dead_lettered": lineage.totals.dead_lettered, "steps": lineage.totals.steps,
+                   "train_loss": summed[1] / max(summed[0].learned, 1),
+                   **{k: v for k, v in extra.items() if v is not None}}
+        self.accrued = Accrued()
+        if self.writer is not None:
+            self._publish(metrics, windows, join_state)
+        self.reporter.submit(metrics)
+
+    def _publish(self, metrics: dict, windows: list, join_state: list | None) -> None:
+        """Rank 0: the checkpoint's meta from every rank's windows, and the model to the writer."""
+        pipeline, lineage, recent, cfg = self.pipeline, self.lineage, self.learner.recent, self.cfg
+        scores = np.concatenate([w[0] for w in windows])
+        targets = np.concatenate([w[1] for w in windows])
+        metrics["online"] = summarize(pipeline.task, scores, targets)
+        evidence = recent.take_evidence()
+        metrics["ingest"] = self.stream.ingest_stats()
+        if alarms := recent.take_alarms():
+            metrics["drift"] = [alarm.as_dict() for alarm in alarms]
+        lineage.dlq_positions = _dead_letter_positions(lineage.dlq_positions, [w[-1] for w in windows],
+                                                       self.stream.dead_letters.end_at_start)
+        meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
+                "workers": self.world}
+        if evidence is not None:  # events learned since the previous version, for the scorer's gate
+            meta["evidence"] = {"events": len(evidence["targets"]), "after_version": lineage.version - 1}
+        join = _join_meta(pipeline, meta, metrics, lineage, join_state) if join_state is not None else None
+        version, totals = lineage.version, dict(vars(lineage.totals))
+
+        def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
+            _append_row(cfg, "history", _history_row(meta))
+            record_checkpoint(pipeline.name, version, metrics["train_loss"], metrics["online"], meta["written_at"])
+            if "join" in metrics:  # expiry is counted and shown, never silent
+                record_join(pipeline.name, meta["join"]["pending"], metrics["join"]["expired"],
+                            metrics["join"].get("unlabelled"))
+            log("checkpoint", pipeline=pipeline.name, rank=0, version=version, learned=totals["learned"],
+                dead_lettered=totals["dead_lettered"], online=metrics["online"], train_loss=metrics["train_loss"])
+
+        # Our store, not Ray Train's (DECISIONS §17): Ray gets the metrics only.
+        model, optimizer = _unwrapped(self.learner.model), self.learner.optimizer
+        with self.phases("checkpoint.snapshot"):
+            self.writer.submit(version, model.state_dict(), optimizer.state_dict(), meta, lineage.positions,
+                               then=published, join=join, evidence=evidence)
+
+    def record_failure(self, e: StreamlearnError) -> None:
+        _append_row(self.cfg, "failures", {"t": time.time(), "rank": self.rank, "gen": self.inputs.gen,
+                                           "version": self.lineage.version if self.lineage else None,
+                                           "error": type(e).__name__, "message": str(e)[:2000]})
+
+    def close(self) -> None:
+        if self.coordinator:
+            self.coordinator.close()
+        self.reporter.close(wait=False)  # a failing worker must not wait on the other ranks' barrier
+        if self.writer:
+            self.writer.close()
+        self.stream.close()
+        self.phases.close()
 
 
-def save(model, optimizer, pipeline: Pipeline, cfg: TrainConfig, lineage: Lineage, delta: Counters,
-         loss_sum: float, recent: Watch, stream: Stream, writer: CheckpointWriter | None,
-         reporter: Reporter, phases: Phases, extra: dict | None = None,
-         join_delta: dict[str, np.ndarray] | None = None) -> None:
-    """All ranks: flush dead letters, sum counters, gather metric windows (and with joined labels
-    what changed in each rank's join state). Rank 0 snapshots the model and hands it to the writer, which
-    publishes, commits offsets and prunes behind training."""
-    faults.point("before_dead_letter_flush")
-    with phases("checkpoint.flush_dead_letters"):
-        stream.dead_letters.flush()
-    with phases("checkpoint.sum_counters"):
-        summed = _sum_counters(delta, loss_sum)
-        windows = _gather((*recent.arrays(), stream.dead_letters.written))
-    with phases("checkpoint.join_state"):  # every rank's join-state delta, pickled to rank 0
-        join_state = _gather_to_rank0(join_delta) if pipeline.labels else None
-    lineage.totals.add(summed[0])
-    lineage.version += 1
-    bind(version=lineage.version)
-    metrics = {"version": lineage.version, "learned": lineage.totals.learned, "phases_s": phases.take(),
-               "dead_lettered": lineage.totals.dead_lettered, "steps": lineage.totals.steps,
-               "train_loss": summed[1] / max(summed[0].learned, 1), **(extra or {})}
-    if writer is None:
-        reporter.submit(metrics)
-        return
-    scores = np.concatenate([w[0] for w in windows])
-    targets = np.concatenate([w[1] for w in windows])
-    metrics["online"] = summarize(pipeline.task, scores, targets)
-    evidence = recent.take_evidence()
-    metrics["ingest"] = stream.ingest_stats()
-    if alarms := recent.take_alarms():
-        metrics["drift"] = [alarm.as_dict() for alarm in alarms]
-    lineage.dlq_positions = _dead_letter_positions(lineage.dlq_positions, [w[-1] for w in windows],
-                                                   stream.dead_letters.end_at_start)
-    meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
-            "workers": torch.distributed.get_world_size() if dist.is_initialized() else 1}
-    if evidence is not None:  # events learned since the previous version, for the scorer's gate
-        meta["evidence"] = {"events": len(evidence["targets"]), "after_version": lineage.version - 1}
-    join = None
-    if join_state is not None:
-        join = {name: a for part in join_state for name, a in (part or {}).items()}
-        meta["join"] = {"ttl_s": pipeline.labels.ttl_s, "max_pending": pipeline.labels.max_pending,
-                        "pending": {side: sum(int(a[3]) for name, a in join.items() if name.endswith(f"/{side}.range"))
-                                    for side in ("events", "labels")}}
-        metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
-        if pipeline.labels.unlabelled_as is not None:  # learned with it: counted apart, never silent
-            metrics["join"]["unlabelled"] = lineage.totals.defaulted
-    version, totals = lineage.version, dict(vars(lineage.totals))
+class ReadAhead:
+    """The windows planned and reading beyond the one being learned, oldest first: the stream's
+    lookahead (the direct path reads one window ahead; Ray Data's pipeline needs several in flight
+    to not wait on its own latency), and none past the window that stops the run. The same on
+    every rank: each gets every plan from rank 0."""
 
-    def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
-        _append_row(cfg, "history", _history_row(meta))
-        record_checkpoint(pipeline.name, version, metrics["train_loss"], metrics["online"], meta["written_at"])
-        if "join" in metrics:  # expiry is counted and shown, never silent
-            record_join(pipeline.name, meta["join"]["pending"], metrics["join"]["expired"],
-                        metrics["join"].get("unlabelled"))
-        log("checkpoint", pipeline=pipeline.name, rank=0, version=version, learned=totals["learned"],
-            dead_lettered=totals["dead_lettered"], online=metrics["online"], train_loss=metrics["train_loss"])
+    def __init__(self, stream: Stream, coordinator: Coordinator | None, rank: int, phases: Phases,
+                 startup: Startup):
+        self.stream, self.coordinator, self.rank, self.phases, self.startup = stream, coordinator, rank, phases, startup
+        self.ahead: deque[tuple[Window, Any]] = deque()  # (window, its read under way)
+        self.last: Window | None = None
 
-    # Our store, not Ray Train's (DECISIONS §17): Ray gets the metrics only.
-    with phases("checkpoint.snapshot"):
-        writer.submit(version, _unwrapped(model).state_dict(), optimizer.state_dict(), meta, lineage.positions,
-                      then=published, join=join, evidence=evidence)
-    reporter.submit(metrics)
+    def fill(self) -> None:
+        """Plan (rank 0) and start reading windows while the lookahead wants more (at start, Ray Data's)."""
+        while self._due():
+            with self.phases("plan"):
+                self._read(broadcast(self.coordinator.next_window() if self.coordinator else None, self.rank))
+
+    def next(self) -> tuple[Window, Batch, list[int]]:
+        """The oldest window, read; every rank's size of it; and the next window planned and reading
+        while this one trains (its plan and the sizes in one collective)."""
+        window, pending = self.ahead.popleft()
+        with self.phases("wait_data"):
+            batch = pending.result()
+        self.startup.mark("first_batch_read")
+        more = self._due()
+        with self.phases("plan"):
+            planned = self.coordinator.next_window() if self.coordinator and more else None
+        with self.phases("sync"):
+            planned, sizes = exchange(planned, batch.size, self.rank)
+        if more:
+            self._read(planned)
+        self.fill()
+        return window, batch, sizes
+
+    def _due(self) -> bool:
+        return len(self.ahead) < self.stream.lookahead and not (self.last is not None and self.last.stop)
+
+    def _read(self, planned: Window) -> None:
+        self.ahead.append((planned, self.stream.prefetch(planned)))
+        self.last = planned
+
+
+def _join_meta(pipeline: Pipeline, meta: dict, metrics: dict, lineage: Lineage, join_state: list) -> dict:
+    """With joined labels: the join state's arrays for the writer, its counts in the meta and metrics."""
+    join = {name: a for part in join_state for name, a in (part or {}).items()}
+    meta["join"] = {"ttl_s": pipeline.labels.ttl_s, "max_pending": pipeline.labels.max_pending,
+                    "pending": {side: sum(int(a[3]) for name, a in join.items() if name.endswith(f"/{side}.range"))
+                                for side in ("events", "labels")}}
+    metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
+    if pipeline.labels.unlabelled_as is not None:  # learned with it: counted apart, never silent
+        metrics["join"]["unlabelled"] = lineage.totals.defaulted
+    return join
 
 
 class Startup:
@@ -427,11 +470,6 @@ def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int,
                             label_positions=labels)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
                        world=world, controller=controller, label_reader=getattr(stream, "label_reader", None))
-
-
-def _split_size(n: int, parts: int, index: int) -> int:
-    """Size of part `index` when np.array_split cuts n items into `parts`."""
-    return n // parts + (1 if index < n % parts else 0)
 
 
 def _sum_counters(delta: Counters, loss_sum: float) -> tuple[Counters, float]:

@@ -34,15 +34,14 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
     from ray.train.torch import TorchConfig
 
     from streamlearn.train.failures import DeathRecord
-    from streamlearn.train.loop import train_loop_per_worker
+    from streamlearn.train.loop import WorkerInputs, train_loop_per_worker
     from streamlearn.train.preload import WORKER_RUNTIME_ENV, EnvReport
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     return _trainer_class()(
         train_loop_per_worker,
-        train_loop_config={"train": cfg, "kafka": kafka, "controller": controller, "gen": gen, "warm": warm,
-                           "consumed_at_start": consumed_at_start, "started_at": started_at or time.time(),
-                           "fault": faults.spec_from_env()},
+        train_loop_config={"inputs": WorkerInputs(cfg, kafka, controller, gen, warm, consumed_at_start,
+                                                  started_at or time.time(), faults.spec_from_env())},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),

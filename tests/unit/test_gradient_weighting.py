@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from pipelines.fraud import Fraud
 from streamlearn.train.drift import Watch
-from streamlearn.train.loop import _steps
+from streamlearn.train.learner import Learner, Shuffled
 from streamlearn.train.phases import Phases
 
 SIZES = (300, 100)
@@ -37,8 +37,8 @@ def _rank(rank: int, init: str, out: str) -> None:
     x, y = x[lo:lo + SIZES[rank]], y[lo:lo + SIZES[rank]]
     model = torch.nn.parallel.DistributedDataParallel(_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    _steps(model, optimizer, Fraud(), x, y, np.zeros(len(y), dtype=np.uint32), [len(y)], [sum(SIZES)],
-           2, torch.device("cpu"), Watch(1000), Phases(rank))
+    learner = Learner(model, optimizer, Fraud(), torch.device("cpu"), Watch(1000), Phases(rank))
+    learner.steps(Shuffled(x, y, np.zeros(len(y), dtype=np.uint32), [len(y)], [sum(SIZES)], 2))
     if rank == 0:
         torch.save(model.module.state_dict(), out)
     dist.destroy_process_group()
