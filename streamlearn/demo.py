@@ -25,7 +25,7 @@ from streamlearn.config import REPO_ROOT, KafkaSettings, cache_dir
 from streamlearn.errors import StreamlearnError
 from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
-from streamlearn.localray import ClientAuth, client_auth, ray_cli, start_local_ray
+from streamlearn.localray import ClientAuth, client_auth, forget_recorded, ray_cli, start_local_ray
 from streamlearn.monitor import PROMETHEUS_HOST_VAR, Monitor, follow_session, up_before_head
 from streamlearn.train import checkpoint as ckpt
 
@@ -74,6 +74,7 @@ def run_demo(cfg: DemoConfig) -> None:
         ctx, prometheus = start_ray(dashboard_port, cfg.home / "prometheus")
         if prometheus is not None:
             cleanup.callback(prometheus.down)
+        cleanup.callback(forget_recorded, ctx.address_info["gcs_address"])  # after the shutdown, as `ray stop`
         cleanup.callback(ray.shutdown)
         dashboard = f"http://{ctx.dashboard_url}"
 
@@ -296,7 +297,7 @@ class DriftNews:
 
 def _served_quality(run_dir: Path) -> str:
     """The evaluator's newest figure on the answers callers got (served.jsonl)."""
-    from streamlearn.observe.runfiles import read_last_jsonl
+    from streamlearn.runfiles import read_last_jsonl
 
     overall = (read_last_jsonl(run_dir / "served.jsonl") or {}).get("overall") or {}
     value = overall.get("auc", overall.get("mae"))

@@ -103,3 +103,73 @@ def ray_cli() -> str:
         return str(local) if local.exists() and local.samefile(path) else str(path)
     except OSError:
         return str(path)
+
+
+# ---- which Ray a command joins ---------------------------------------------------------------
+
+ANSWER_WITHIN_S = 2.0  # a GCS that is up accepts a connection at once; a dead address refuses or times out
+
+
+def recorded_cluster() -> tuple[str | None, str]:
+    """The machine's current-cluster record (what `ray start` and `start_local_ray` write): the
+    address it holds, or None, and the file's path (Ray's temp dir, RAY_TMPDIR if set)."""
+    from ray._common.utils import get_ray_address_file  # pinned Ray 2.60, as write_ray_address above
+    from ray._private.utils import read_ray_address
+
+    return read_ray_address(), get_ray_address_file(None)
+
+
+def forget_recorded(address: str) -> None:
+    """What `ray stop` does for the record: remove it if it still names `address` (a cluster
+    started later by someone else keeps its record). Left behind, the record sent every later
+    `ray.init()` on the machine to a dead address, retrying for good (issue 47)."""
+    from ray._common.utils import reset_ray_address
+
+    if recorded_cluster()[0] == address:
+        reset_ray_address()
+
+
+def answers(address: str, timeout_s: float = ANSWER_WITHIN_S) -> bool:
+    """Whether something accepts a TCP connection at `host:port` (`ray://` or not)."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def join_ray(address: str | None = None, *, local_if_none: bool, **kwargs: Any):
+    """`ray.init` for a streamlearn command, never waiting on an address that does not answer.
+
+    The cluster is `address`, else RAY_ADDRESS, else the machine's record; "auto" means the last
+    two. One that does not answer within ANSWER_WITHIN_S is refused with its source named, except
+    a stale record where `local_if_none` (train): then, as with no cluster at all, a local head.
+    Ray's own `ray.init()` retried a dead recorded address for over 11 minutes."""
+    import ray
+
+    from streamlearn.errors import ConfigError
+
+    given = address if address not in (None, "auto") else os.environ.get("RAY_ADDRESS") or None
+    source = "--address" if address not in (None, "auto") else "RAY_ADDRESS"
+    if given not in (None, "auto", "local"):
+        if ":" in given and not given.startswith(("http://", "https://")) and not answers(given):
+            raise ConfigError(f"no Ray cluster answers at {given} ({source}): start it, point {source} at a "
+                              f"running one" + (", or unset it to start a local Ray" if local_if_none else ""))
+        return ray.init(address=given, **kwargs)
+    recorded, record = recorded_cluster()
+    if recorded and answers(recorded):
+        return ray.init(address=recorded, **kwargs)
+    if not local_if_none:
+        said = (f"the machine's record {record} names {recorded}, where none answers (a cluster that stopped "
+                f"without `ray stop`)" if recorded else "RAY_ADDRESS is unset and no cluster is recorded")
+        raise ConfigError(f"no Ray cluster to join: {said}; start one (`streamlearn cluster up`, or "
+                          f"`ray start --head`) or give --address HOST:PORT")
+    if recorded:
+        from streamlearn.logs import log
+
+        log("ray_record_stale", level="warning", address=recorded, record=record,
+            action="starting a local Ray head; the record is left for `ray stop` to remove")
+    return ray.init(address="local", **kwargs)

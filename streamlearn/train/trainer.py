@@ -15,6 +15,7 @@ from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError
 from streamlearn.kafka.admin import ensure_topics, partitions_of
 from streamlearn.kafka.broker import require_broker
+from streamlearn.localray import join_ray
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train import checkpoint as ckpt
@@ -114,7 +115,7 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     workers = min(max(cfg.workers, policy.min_workers), policy.max_workers)
     before = _meta_or_none(ckpt.newest(run_dir(cfg)))
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=True)
+        join_ray(local_if_none=True, log_to_driver=True)
     started = time.time()
     controller = start_controller(cfg, kafka, policy, workers)
     try:
