@@ -104,6 +104,8 @@ def load(bootstrap: str | None = BOOTSTRAP,
     from load.profiles import parse_profile
     from streamlearn.kafka.admin import ensure_topics
 
+    if count is None and duration is None:  # before any topic is made: a refusal leaves nothing behind
+        raise ConfigError("load needs --count N and/or --duration SECONDS, or it would never stop")
     settings = _kafka(bootstrap)
     chosen = parse_profile(profile) if profile else (parse_profile(f"constant:{rate}") if rate else None)
     if (unlabelled_fraction or fraud_labels_only) and label_delay is None:
@@ -207,8 +209,7 @@ def serve_up(pipeline: str = "fraud",
                                                        "missing. Default: answers are not published."),
              bootstrap: str | None = BOOTSTRAP):
     """Deploy the scorer on a running Ray cluster; it follows the newest checkpoint."""
-    import ray
-
+    from streamlearn.localray import join_ray
     from streamlearn.serve import ServeConfig, deploy
 
     scores_bootstrap = ""
@@ -218,7 +219,7 @@ def serve_up(pipeline: str = "fraud",
         kafka = _kafka(bootstrap)
         ensure_topics(kafka, {scores_topic: 1})
         scores_bootstrap = kafka.bootstrap
-    ray.init(address=address, configure_logging=False)
+    join_ray(address, local_if_none=False, configure_logging=False)
     print(deploy(ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name, host=host,
                              port=port, min_replicas=min_replicas, max_replicas=max_replicas,
                              swap_delay_s=swap_delay_s, timeline=str(Path(timeline).resolve()) if timeline else "",

@@ -134,9 +134,17 @@ def load_pipeline(spec: str) -> Pipeline:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
+        if e.name is not None and not (module_name == e.name or module_name.startswith(e.name + ".")):
+            # the module is there; something it imports is not
+            raise PipelineError(f"pipeline {spec!r}: {module_name} imports {e.name!r}, which is not installed "
+                                f"({e}); install it where the trainer and the scorer run") from None
         raise PipelineError(
             f"pipeline {spec!r} not found ({e}); use a name under pipelines/ or 'package.module:attribute'"
         ) from None
+    except Exception as e:  # a SyntaxError, or the module's own code failing as it is imported
+        where = f" ({e.filename}, line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        raise PipelineError(f"pipeline {spec!r}: importing {module_name} failed with "
+                            f"{type(e).__name__}: {e}{where}") from None
     obj = getattr(module, attr or "PIPELINE", None)
     if obj is None:
         raise PipelineError(f"{module_name} has no {attr or 'PIPELINE'!r}; a pipeline module exports PIPELINE")

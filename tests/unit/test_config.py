@@ -42,3 +42,18 @@ def test_secrets_never_print_but_reach_the_clients(monkeypatch):
     assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
     assert s.confluent()["sasl.password"] == "hunter2-very-secret"
     assert s.kafka_python()["sasl_plain_password"] == "hunter2-very-secret"
+
+
+def test_load_without_a_bound_refuses_before_it_touches_the_broker():
+    """Issue 47: `streamlearn load` without --count or --duration created the topics, then refused.
+    Against an address where no broker answers, the refusal comes at once, exit 2, naming the fix."""
+    import subprocess
+    import sys
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "streamlearn.cli", "load", "--bootstrap", "127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--count N and/or --duration SECONDS" in done.stderr
+    assert time.monotonic() - started < 30  # no metadata wait on the absent broker

@@ -95,3 +95,20 @@ def test_unknown_pipeline_says_how_to_fix():
         load_pipeline("no_such_pipeline")
     with pytest.raises(PipelineError, match="not a streamlearn.pipeline.Pipeline"):
         load_pipeline("pipelines.banking:TRANSACTION")
+
+
+@pytest.mark.parametrize("source, said", [
+    ("def broken(:\n", r"importing brokenpipe_syntax failed with SyntaxError: .*line 1\)"),
+    ("import no_such_dependency_xyz\n", r"brokenpipe_dep imports 'no_such_dependency_xyz', which is not installed"),
+    ("raise RuntimeError('the feature store is down')\n",
+     r"importing brokenpipe_raises failed with RuntimeError: the feature store is down"),
+])
+def test_a_pipeline_module_that_fails_to_import_says_why_not_not_found(tmp_path, monkeypatch, source, said):
+    """Issue 47: a module that raises on import was reported as "pipeline not found" (a missing
+    dependency) or as a traceback (a SyntaxError)."""
+    name = {"def": "brokenpipe_syntax", "import": "brokenpipe_dep", "raise": "brokenpipe_raises"}[source.split()[0]]
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PipelineError, match=said) as raised:
+        load_pipeline(f"{name}:PIPELINE")
+    assert "not found" not in str(raised.value)
