@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import platform
 import statistics
@@ -33,6 +32,7 @@ from streamlearn.ingest.stream import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka
 from streamlearn.pipeline import load_pipeline
+from streamlearn.runfiles import json_safe
 from streamlearn.train import checkpoint as ckpt
 
 DOCS = REPO_ROOT / "docs"
@@ -139,24 +139,13 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _plain(obj: Any) -> Any:
-    """JSON without NaN/inf (not valid JSON): they become null; tuples become lists."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    return obj
-
-
 def write_json(name: str, figures: dict[str, Any]) -> Path:
     """docs/bench/<name>.json, with the machine and date; written whole, then renamed in."""
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
     path = BENCH_DIR / f"{name}.json"
     body = {"benchmark": name, "machine": machine_info(), **figures}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_plain(body), indent=2, sort_keys=False, default=str) + "\n")
+    tmp.write_text(json.dumps(json_safe(body), indent=2, sort_keys=False, default=str) + "\n")
     os.replace(tmp, path)
     return path
 

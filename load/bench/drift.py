@@ -32,8 +32,8 @@ from load.generator import run_load
 from load.profiles import parse_profile
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.broker import free_port
-from streamlearn.observe.runfiles import read_jsonl
 from streamlearn.pipeline import load_pipeline
+from streamlearn.runfiles import read_jsonl
 
 TOPIC, PARTITIONS, SEED = "drift", 4, 7
 RECOVERED_WITHIN = 0.02  # AUC: back within this of the level before the drift

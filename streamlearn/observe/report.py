@@ -23,7 +23,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from streamlearn.errors import StreamlearnError  # noqa: E402
-from streamlearn.observe.runfiles import RunFiles  # noqa: E402
+from streamlearn.runfiles import RunFiles  # noqa: E402
 
 VERSION_STYLE = dict(color="0.6", linestyle=":", linewidth=0.8, zorder=0)
 RESIZE_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.2, zorder=1)

@@ -391,7 +391,7 @@ class Sources:
         """The newest row of <run dir>/<name>.jsonl (None without a run directory or a row)."""
         if self.run_dir is None:
             return None
-        from streamlearn.observe.runfiles import read_last_jsonl
+        from streamlearn.runfiles import read_last_jsonl
 
         return read_last_jsonl(self.run_dir / f"{name}.jsonl")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
 import re
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from streamlearn import faults, metrics
 from streamlearn.errors import BadEvent, ConfigError, ServeError
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
+from streamlearn.runfiles import json_safe
 from streamlearn.schema import reason_code
 from streamlearn.serve.answers import AnswerLog, id_field
 from streamlearn.serve.config import ServeConfig
@@ -170,7 +170,7 @@ def build_app(store: ModelStore, cfg: ServeConfig,
     @app.get("/model", responses=errors, dependencies=guarded)
     async def model_info() -> dict[str, Any]:
         """The serving version, its offsets and online metrics, the pin, and the last rejection."""
-        return _json_safe({**store.status(), "scoring": stats.summary()})
+        return json_safe({**store.status(), "scoring": stats.summary()})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -243,17 +243,6 @@ def _lone_surrogate(obj: Any, where: str = "") -> tuple[str, str] | None:
                 _lone_surrogate(value, inner):
             return found
     return None
-
-
-def _json_safe(obj: Any) -> Any:
-    """NaN metrics would make invalid JSON; show them as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 # ---- Ray Serve ------------------------------------------------------------------------

@@ -35,8 +35,8 @@ from torch import nn
 from streamlearn import faults, metrics
 from streamlearn.errors import CheckpointError
 from streamlearn.logs import bind, log
-from streamlearn.observe.runfiles import read_last_jsonl
 from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.runfiles import read_last_jsonl
 from streamlearn.serve import paired
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.gate import (

@@ -23,7 +23,7 @@ import ray.train
 from ray.train.v2._internal.exceptions import RayTrainError  # internal; Ray is pinned to 2.60
 
 from streamlearn.logs import log
-from streamlearn.observe.runfiles import append_jsonl
+from streamlearn.runfiles import append_jsonl
 
 
 class DeathRecord(ray.train.UserCallback):

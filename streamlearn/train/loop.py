@@ -33,8 +33,8 @@ from streamlearn.ingest.stream import Batch, Stream, WorkerStream, feature_width
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
-from streamlearn.observe.runfiles import append_jsonl, read_last_jsonl
 from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.runfiles import append_jsonl, read_last_jsonl
 from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.coordinator import Coordinator, await_handover, broadcast, exchange
 from streamlearn.train.drift import Alarm, Watch, for_pipeline

@@ -16,12 +16,14 @@ from load.generator import run_load
 from streamlearn import faults
 from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.ingest.raydata_stream import LOST_S
-from streamlearn.observe.runfiles import read_jsonl
+from streamlearn.runfiles import read_jsonl
 from streamlearn.train.trainer import run_dir, train
 
 from .test_autoscale import _rows
 from .test_resize import train_through_a_burst
 from .test_training import assert_exactly_once, config
+
+pytestmark = pytest.mark.integration
 
 CASES = {
     # The checkpoint is durable, the group's offsets are not committed: the restart must resume

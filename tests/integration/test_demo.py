@@ -131,7 +131,7 @@ def _served_version(url: str, demo: subprocess.Popen, deadline: float) -> int:
 def _served_row(path: Path, demo: subprocess.Popen, deadline: float) -> dict:
     """The evaluator's newest row once its window of judged answers holds both classes (the first
     answers judged may all be legitimate: their AUC is then undefined, None)."""
-    from streamlearn.observe.runfiles import read_last_jsonl
+    from streamlearn.runfiles import read_last_jsonl
 
     while time.monotonic() < deadline and demo.poll() is None:
         row = read_last_jsonl(path)

@@ -23,8 +23,8 @@ from streamlearn.kafka.admin import committed_offsets, end_offsets, ensure_topic
 from streamlearn.kafka.broker import free_port
 from streamlearn.monitor import Monitor, query, session_discovery_file
 from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
-from streamlearn.observe.runfiles import read_last_jsonl
 from streamlearn.pipeline import load_pipeline
+from streamlearn.runfiles import read_last_jsonl
 from streamlearn.serve.answers import SCORES_SUFFIX
 from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig

@@ -10,7 +10,7 @@ from ray.exceptions import ActorDiedError
 from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
 from streamlearn.errors import IngestError
-from streamlearn.observe.runfiles import read_jsonl
+from streamlearn.runfiles import read_jsonl
 from streamlearn.train.failures import DeathRecord
 from streamlearn.train.join_files import sha256
 

@@ -9,7 +9,7 @@ import pytest
 
 from streamlearn.errors import StreamlearnError
 from streamlearn.observe.report import CHARTS, _Axis, draw_served, drift_label, learned_rates, render_report
-from streamlearn.observe.runfiles import RunFiles
+from streamlearn.runfiles import RunFiles
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T0 = 1_795_000_000.0

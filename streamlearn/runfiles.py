@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -22,6 +24,18 @@ def read_jsonl(path: Path) -> list[dict]:
         if isinstance(row, dict) and isinstance(row.get("t"), int | float):
             rows.append(row)
     return sorted(rows, key=lambda r: r["t"])
+
+
+def json_safe(obj: Any) -> Any:
+    """Valid JSON of what may hold NaN or infinities (an AUC of a one-class window): they become
+    null, tuples lists, keys strings. For GET /model and the benchmarks' files."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def append_jsonl(path: Path, row: dict) -> None:
