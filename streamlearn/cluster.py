@@ -18,7 +18,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,18 +162,6 @@ def status(port: int) -> dict:
     if not state.exists() or not _alive(_temp_dir(port)):
         raise ClusterError(f"no local cluster on port {port}; start one with `streamlearn cluster up`")
     return json.loads(state.read_text())
-
-
-def wait_for_nodes(count: int, timeout_s: float) -> list[dict]:
-    """Block until `count` alive worker nodes (CPU > 0) are registered; return them."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
-        if len(nodes) >= count or time.monotonic() > deadline:
-            return nodes
-        time.sleep(0.5)
 
 
 def cluster_processes(port: int) -> list[psutil.Process]:

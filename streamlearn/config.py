@@ -7,7 +7,7 @@ message that says how to fix it, not minutes later inside a Ray worker.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -147,6 +147,3 @@ class TrainConfig:
             object.__setattr__(self, "group_id", f"streamlearn-{self.pipeline.replace(':', '-')}")
         if not self.run_name:
             object.__setattr__(self, "run_name", self.pipeline.replace(":", "-").replace(".", "-"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

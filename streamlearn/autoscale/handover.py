@@ -32,8 +32,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-WARM_WAITING = ("warming", "started", "ready")
-
 
 @dataclass
 class Resize:

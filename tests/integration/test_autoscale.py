@@ -27,7 +27,7 @@ from streamlearn.train import checkpoint as ckpt
 
 from .streams import expected_learning, read_topic
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 # Each poll is a fresh driver (the cluster's token auth must be set before Ray is imported). It
 # reports the nodes with CPUs and the live actors on worker nodes: any live actor keeps its node

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from load.generator import MALFORMED_KINDS, BankingSimulator, partition_for, run_load
@@ -21,6 +22,8 @@ from streamlearn.train.trainer import run_dir, train
 
 from .streams import expected_learning, read_topic
 from .test_training import INGESTS, assert_exactly_once, config
+
+pytestmark = pytest.mark.integration
 
 BAD_FRACTION = 0.45
 

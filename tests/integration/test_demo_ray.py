@@ -20,9 +20,13 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
+
 from streamlearn.demo import banner
 from streamlearn.localray import client_auth
 from streamlearn.monitor import PROMETHEUS_HOST_VAR, query
+
+pytestmark = pytest.mark.integration
 
 REFUSED = "Authentication required"
 

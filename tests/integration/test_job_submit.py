@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from load.generator import run_load
 from pipelines.banking import TRANSACTION
@@ -14,6 +15,8 @@ from streamlearn.config import REPO_ROOT
 from streamlearn.errors import BadEvent
 
 from .streams import read_topic
+
+pytestmark = pytest.mark.integration
 
 
 def test_regression_pipeline_submitted_as_a_ray_job_learns_every_event(kafka, kafka_settings, ray_cluster, topic,

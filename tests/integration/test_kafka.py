@@ -2,11 +2,15 @@
 
 from collections import Counter
 
+import pytest
+
 from load.generator import run_load
 from streamlearn.kafka.admin import end_offsets
 from streamlearn.kafka.broker import EmbeddedKafka, metadata_ok
 
 from .streams import expected_learning, read_topic
+
+pytestmark = pytest.mark.integration
 
 
 def test_produced_events_arrive_per_partition_and_survive_a_restart(kafka, kafka_settings, topic):

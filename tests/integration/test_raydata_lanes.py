@@ -21,6 +21,8 @@ from streamlearn.ingest.raydata_source import WindowFeed, build, read_lane, rese
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import load_pipeline
 
+pytestmark = pytest.mark.integration
+
 
 @ray.remote(num_cpus=0.1)
 def _lane(settings, topic, feed, fetch_timeout_s) -> int:

@@ -12,6 +12,7 @@ one thread per worker, so nothing but the restore separates the two runs.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from load.generator import run_load
@@ -19,6 +20,8 @@ from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .test_training import assert_exactly_once, config
+
+pytestmark = pytest.mark.integration
 
 
 def _final_state(cfg) -> tuple[dict, dict, dict]:

@@ -23,6 +23,8 @@ from streamlearn.train.trainer import run_dir, train
 from .test_autoscale import _rows
 from .test_training import assert_exactly_once, config
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.timeout(900)
 def test_warm_resizes_with_ray_data_learn_every_event_once(kafka, kafka_settings, ray_cluster, topic, tmp_path):

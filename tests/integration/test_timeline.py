@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from load.generator import run_load
 from streamlearn.config import TrainConfig
 from streamlearn.observe.report import render_report
 from streamlearn.train.trainer import run_dir, train
+
+pytestmark = pytest.mark.integration
 
 PHASES = {"plan", "wait_data", "fetch", "decode", "sync", "train", "forward", "backward", "allreduce", "step",
           "checkpoint"}

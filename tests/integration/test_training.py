@@ -15,6 +15,8 @@ from streamlearn.train.trainer import run_dir, train
 
 from .streams import dead_letter_keys, expected_learning, read_topic
 
+pytestmark = pytest.mark.integration
+
 # The exactly-once tests run once per ingest mode: each rank reading Kafka itself, and Ray Data
 # reading, decoding and splitting the stream (streamlearn/ingest/raydata_*.py).
 INGESTS = pytest.mark.parametrize("ingest", ["direct", "ray-data"])
