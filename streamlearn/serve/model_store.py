@@ -250,7 +250,7 @@ class ModelStore:
         available = checkpoint.list_checkpoints(self.run_dir)
         self._forget_pruned({v for v, _ in available})
         self._decide(available)
-        self._prepare(self._target(available, pin), dict(available))
+        self._prepare(self._targets(available, pin), dict(available))
         self._judged.clear()  # built while judging but not the target (e.g. pinned meanwhile): let it go
         served = self._switch_if_due()  # superseded and served entries leave the queue, due ones stay till served
         self._queue = tuple(m for m in self._queue if served is None or m.swapped_at > served.swapped_at)
@@ -460,76 +460,70 @@ class ModelStore:
         approved = [d for v, d in self._decisions.items() if v < version and d.approved]
         return max(approved, key=lambda d: d.version, default=None)
 
-    def _target(self, available: list[tuple[int, Path]], pin: tuple[int, float] | None
-                ) -> tuple[int, float, bool] | None:
-        """(version, its moment, pinned?) that should be served, or None to keep what is served."""
+    def _targets(self, available: list[tuple[int, Path]], pin: tuple[int, float] | None
+                 ) -> list[tuple[int, float, bool]] | None:
+        """What is to be served from now on, in moment order: (version, its moment, pinned?), or
+        None to keep what is queued (a pin on a missing checkpoint)."""
         versions = {v for v, _ in available}
-        if pin is not None:
-            version, moment = pin
-            if version not in versions:
-                if self._pin_problem != version:
-                    log("serve_pinned_missing", level="error", version=version, run_dir=str(self.run_dir))
-                    self._pin_problem = version
-                return None
-            return version, moment, True
-        approved = [d for v, d in self._decisions.items() if d.approved and v in versions]
-        if not approved:
+        if pin is None:
+            return self._steps(versions)
+        version, moment = pin
+        if version not in versions:
+            if self._pin_problem != version:
+                log("serve_pinned_missing", level="error", version=version, run_dir=str(self.run_dir))
+                self._pin_problem = version
             return None
-        newest = max(approved, key=lambda d: d.version)
-        serving = self.current
-        if serving is not None and not serving.pinned and newest.version < serving.version:
-            return None  # the approved one was pruned from under us: versions only move forward
-        return newest.version, newest.serve_at, False
+        if self.current is not None and self.current.pinned:
+            return [(version, moment, True)]
+        # What was announced for earlier is served in its turn; what was announced for later is
+        # overruled by the pin.
+        return [s for s in self._steps(versions) if s[1] < moment] + [(version, moment, True)]
 
-    def _prepare(self, target: tuple[int, float, bool] | None, paths: dict[int, Path]) -> None:
-        """Load the target ahead of its moment; `serving()` switches to it when the moment comes."""
-        if target is None:
+    def _steps(self, versions: set[int]) -> list[tuple[int, float, bool]]:
+        """The approvals still to serve: at any moment every replica serves the highest version
+        approved with a moment already come, so a caller never sees a version go back. Every such
+        step is kept, not only the newest approval: two replicas that judged v36 and v37 at once
+        announce two moments, and a replica that queued only v37 answered v35 after the other had
+        answered v36 (CI, under a loaded suite). A replica that serves nothing yet takes the step
+        due now (what the others serve) and those to come; versions never move below the served one."""
+        current, now = self.current, time.time()
+        top = current.version if current is not None and not current.pinned else -1
+        steps = []
+        for d in sorted((d for v, d in self._decisions.items() if d.approved and v in versions),
+                        key=lambda d: (d.serve_at, d.version)):
+            if d.version > top:
+                steps.append((d.version, d.serve_at, False))
+                top = d.version
+        due = [s for s in steps if s[1] <= now]
+        return due[-1:] + [s for s in steps if s[1] > now]
+
+    def _prepare(self, targets: list[tuple[int, float, bool]] | None, paths: dict[int, Path]) -> None:
+        """Load each target ahead of its moment; `serving()` switches to it when the moment comes.
+        A replica with nothing served and nothing due answers 503 like the others until the first
+        moment: serving the lineage's first model early answered 200 here while a replica that had
+        not polled yet said 503."""
+        if targets is None:
             return
-        version, moment, pinned = target
         current = self.current
-        if current is not None and (current.version, current.pinned) == (version, pinned):
-            self._queue = ()  # e.g. a pin back to the version being served
-            return
-        if any((m.version, m.pinned) == (version, pinned) for m in self._queue):
-            return
-        late = time.time() - moment
-        model = self._build(version, paths[version], max(moment, time.time()), pinned)  # a past moment: now
-        if model is None:
-            return
-        if current is not None and not (pinned or current.pinned) and late > self.poll_interval_s:
-            # Others may have answered with it already while this replica still served the old one.
-            self.late_swaps += 1
-            log("serve_swap_late", level="warning", version=version, late_s=round(late, 3))
-        if current is None and late < 0:
-            # Started before this approval's moment: serve what the other replicas serve now and
-            # queue what they will switch to before this one. If nothing was ever due, this
-            # replica answers 503 like the others until the first moment: serving the lineage's
-            # first model early answered 200 here while a replica that had not polled yet said 503.
-            self.current, earlier = self._catch_up(version, paths)
-            self._queue = earlier + (model,)
-            return
-        # What was announced for earlier stays queued (every replica serves it in its turn); what
-        # was announced for later is overruled by this newer target (a pin over an approval).
-        self._queue = tuple(m for m in self._queue if m.swapped_at < moment) + (model,)
-        if moment > time.time():
-            faults.point("serve_mid_swap")
-
-    def _catch_up(self, version: int, paths: dict[int, Path]
-                  ) -> tuple[ServingModel | None, tuple[ServingModel, ...]]:
-        """For a replica with nothing served yet: the newest approval before `version` whose moment
-        has come (what the others serve now), and those announced but not yet due, in order."""
-        now = time.time()
-        approved = sorted((d for v, d in self._decisions.items() if d.approved and v < version and v in paths),
-                          key=lambda d: d.version)
-        pending = [d for d in approved if d.serve_at > now]
-        due = [d for d in approved if d.serve_at <= now]
-        served = None
-        for decision in reversed(due):
-            served = self._build(decision.version, paths[decision.version], decision.serve_at, False)
-            if served is not None:
-                break
-        queued = (self._build(d.version, paths[d.version], d.serve_at, False) for d in pending)
-        return served, tuple(m for m in queued if m is not None)
+        queued = {(m.version, m.pinned): m for m in self._queue}
+        queue = []
+        for version, moment, pinned in targets:
+            if current is not None and (current.version, current.pinned) == (version, pinned):
+                continue  # e.g. a pin back to the version being served
+            model = queued.get((version, pinned))
+            if model is None:
+                model = self._build(version, paths[version], max(moment, time.time()), pinned)  # past: now
+                if model is None:
+                    continue
+                late = time.time() - moment
+                if current is not None and not (pinned or current.pinned) and late > self.poll_interval_s:
+                    # Others may have answered with it already while this replica still served the old one.
+                    self.late_swaps += 1
+                    log("serve_swap_late", level="warning", version=version, late_s=round(late, 3))
+                if moment > time.time():
+                    faults.point("serve_mid_swap")
+            queue.append(model)
+        self._queue = tuple(queue)
 
     def _build(self, version: int, path: Path, moment: float, pinned: bool) -> ServingModel | None:
         """The checkpoint as a ServingModel, checked on this replica (integrity, pipeline, weights),

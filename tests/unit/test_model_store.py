@@ -411,6 +411,51 @@ def test_replicas_switch_at_the_announced_moment(run_dir):
     assert a.late_swaps == b.late_swaps == late.late_swaps == 0
 
 
+def test_two_approvals_judged_at_once_are_served_in_turn(run_dir, monkeypatch):
+    """Replica a judges v2 while b, which listed v3 too, judges v3: two approvals, two moments.
+    b read no decision on v2 before judging and queued v3 alone, so between the two moments it
+    answered v1 while a answered v2 (CI: a caller saw v36, then v35). Every step is served in turn."""
+    a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=1.5, poll_interval_s=0.1) for _ in range(2))
+    write_checkpoint(run_dir, 1)
+    a.poll_once()
+    b.poll_once()
+    time.sleep(max(0.0, a.ledger.read(1).serve_at - time.time()) + 0.01)
+    assert a.serving().version == b.serving().version == 1
+    held = {a: threading.Event(), b: threading.Event()}
+    judging = {a: threading.Event(), b: threading.Event()}
+    for store in (a, b):
+        load = store._load
+
+        def slow(version, path, gate, store=store, load=load):
+            if gate:  # a judgement: hold it until the test lets it record
+                judging[store].set()
+                held[store].wait(10)
+            return load(version, path, gate)
+        monkeypatch.setattr(store, "_load", slow)
+    write_checkpoint(run_dir, 2)
+    a_polls = threading.Thread(target=a.poll_once)
+    a_polls.start()
+    assert judging[a].wait(10)  # a judges v2, v3 not written yet
+    write_checkpoint(run_dir, 3)
+    b_polls = threading.Thread(target=b.poll_once)
+    b_polls.start()
+    assert judging[b].wait(10)  # b judges v3, having read no decision on v2
+    held[a].set()
+    a_polls.join(10)
+    time.sleep(0.5)  # the two moments apart
+    held[b].set()
+    b_polls.join(10)
+    second, third = a.ledger.read(2).serve_at, b.ledger.read(3).serve_at
+    assert a.ledger.read(2).approved and b.ledger.read(3).approved and time.time() < second < third
+    for store in (a, b):
+        store.poll_once()
+    time.sleep(max(0.0, second - time.time()) + 0.01)
+    assert a.serving().version == b.serving().version == 2
+    time.sleep(max(0.0, third - time.time()) + 0.01)
+    assert a.serving().version == b.serving().version == 3
+    assert a.late_swaps == b.late_swaps == 0
+
+
 def test_a_starting_replica_waits_for_the_first_moment_before_traffic(run_dir):
     """What Scorer.__init__ does: a service deployed beside a checkpoint serves it when ready."""
     write_checkpoint(run_dir, 1)
