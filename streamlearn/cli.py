@@ -232,8 +232,8 @@ def serve_rollback(to: int | None = typer.Option(None, "--to", help="Version to 
                    pipeline: str = "fraud", run_name: str = "",
                    checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir)):
     """Pin an older checkpoint version: every replica serves it until `serve unpin`."""
+    from streamlearn.rundir.checkpoint import list_checkpoints
     from streamlearn.serve import ServeConfig, pin_version
-    from streamlearn.train.checkpoint import list_checkpoints
 
     cfg = ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name)
     if to is None:

@@ -27,7 +27,7 @@ from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
 from streamlearn.localray import ClientAuth, client_auth, forget_recorded, ray_cli, start_local_ray
 from streamlearn.monitor import PROMETHEUS_HOST_VAR, Monitor, follow_session, up_before_head
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 
 
 @dataclass(frozen=True)

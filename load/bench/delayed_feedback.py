@@ -40,8 +40,8 @@ import torch
 from load.bench.common import machine_line, median, write_json, write_section
 from load.generator import MS_PER_EVENT, BankingSimulator
 from streamlearn.pipeline import load_pipeline
+from streamlearn.prequential import roc_auc
 from streamlearn.train.feedback import fake_negative_calibrated, fake_negative_weights
-from streamlearn.train.prequential import roc_auc
 
 FRAUD = load_pipeline("fraud")
 BATCH = 256

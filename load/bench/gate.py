@@ -35,10 +35,10 @@ import torch
 from load.bench.common import machine_line, median, write_json, write_section
 from load.generator import BankingSimulator
 from streamlearn.pipeline import load_pipeline
+from streamlearn.prequential import SlidingWindow, roc_auc, summarize
+from streamlearn.rundir import checkpoint
 from streamlearn.serve.model_store import ModelStore
-from streamlearn.train import checkpoint
 from streamlearn.train.evidence import EvidenceSampler
-from streamlearn.train.prequential import SlidingWindow, roc_auc, summarize
 
 FRAUD = load_pipeline("fraud")
 BATCH, METRIC_WINDOW, EVIDENCE = 256, 5000, 4096

@@ -18,7 +18,7 @@ Then checkpoints at the cap (`--checkpoints`): four partitions' states full at t
 40k events/s (the cap evicts as many), or, with `--label-share`, labels for that share of the
 waiting events too. Each checkpoint is written both ways, in the same run: the whole state in
 one .npz (what checkpoints held before), and the rows new since the checkpoint before plus which
-wait (train/join_files.py); each hashed and fsynced as `checkpoint.publish` does, 30 kept.
+wait (ingest/join_files.py); each hashed and fsynced as `checkpoint.publish` does, 30 kept.
 Figures: what a rank hands rank 0 (bytes), the time to take it on the rank, the writer's time,
 and the disk 30 checkpoints hold (hard-linked files counted once).
 """
@@ -38,10 +38,10 @@ import numpy as np
 
 from load.bench.common import machine_line, median, write_json, write_section
 from streamlearn.ingest.join import JoinState, join_keys
+from streamlearn.ingest.join_files import JoinFiles, sha256
 from streamlearn.ingest.labelled import Events, LabelJoin, Labels
 from streamlearn.pipeline import load_pipeline
-from streamlearn.train import checkpoint as ckpt
-from streamlearn.train.join_files import JoinFiles, sha256
+from streamlearn.rundir import checkpoint as ckpt
 
 BATCH = 8192
 TARGET_BYTES = 300
@@ -281,7 +281,7 @@ def _at_cap_text(cases: dict, args) -> str:
 at the default cap ({args.pending:,} events in all), then {PER_CHECKPOINT:,} events between two
 checkpoints (2 s at 40k events/s; the cap evicts as many), written both ways in the same run: the
 whole state in one .npz, hashed and fsynced (how checkpoints held it before), and
-`train/join_files.py`'s new rows plus the bits of which wait, segments hard-linked on, through
+`ingest/join_files.py`'s new rows plus the bits of which wait, segments hard-linked on, through
 `checkpoint.publish`. Medians over the second half of the checkpoints, then over {args.runs} runs.
 {machine_line()}
 

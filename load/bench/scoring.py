@@ -124,8 +124,8 @@ def make_checkpoint(checkpoint_dir: Path):
     import torch
 
     from streamlearn.pipeline import load_pipeline
+    from streamlearn.rundir import checkpoint
     from streamlearn.serve.config import ServeConfig
-    from streamlearn.train import checkpoint
 
     cfg = ServeConfig(checkpoint_dir=str(checkpoint_dir), pipeline="fraud", auth_token=None)
     fraud = load_pipeline("fraud")

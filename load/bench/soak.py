@@ -52,7 +52,7 @@ from load.profiles import parse_profile
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.kafka.admin import end_offsets
 from streamlearn.kafka.broker import free_port
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 
 TOPIC, PARTITIONS, BAD_FRACTION = "soak", 4, 0.05
 MIB = 1024 * 1024

@@ -37,7 +37,7 @@ from streamlearn.autoscale.warmpool import WarmPool
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 
 NAMESPACE = "streamlearn"
 

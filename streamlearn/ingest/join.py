@@ -13,7 +13,7 @@ at 1M pending, load/bench/join.py), behind a sorted index of 64-bit keys:
   can carry the state beside the offsets of both topics (exactly-once across two topics);
   `delta()` is what changed since a checkpoint wrote it: rows carry an arrival number (`seq`,
   never reused in a partition's side), so a checkpoint writes the rows that arrived since the
-  last one and, for the rest, which arrival numbers still wait (train/join_files.py).
+  last one and, for the rest, which arrival numbers still wait (ingest/join_files.py).
 
 Keys are 64-bit hashes of the event id's UTF-8 bytes, computed over a whole batch at once in
 numpy (blake2b per id cost 6 µs an event, more than half the training loop's budget):

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from ray.util.placement_group import remove_placement_group
 
 from streamlearn import faults
+from streamlearn.collectives import broadcast
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import IngestError
 from streamlearn.ingest import raydata_source as source
@@ -41,9 +42,8 @@ from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.stream import Batch, featurize
 from streamlearn.ingest.windows import Window
 from streamlearn.logs import log
+from streamlearn.phases import Phases
 from streamlearn.pipeline import Pipeline
-from streamlearn.train.coordinator import broadcast
-from streamlearn.train.phases import Phases
 
 LANES = 2  # read tasks (Kafka consumers) in the Dataset; each reads and decodes whole partitions of every window
 LOOKAHEAD = 3

@@ -25,8 +25,8 @@ from streamlearn.ingest.join import join_keys
 from streamlearn.ingest.labelled import Events, LabelJoin, Labels
 from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.windows import Window
+from streamlearn.phases import Phases
 from streamlearn.pipeline import Pipeline
-from streamlearn.train.phases import Phases
 
 FINGERPRINT_MOD = 1 << 56  # ranks' partial sums must add up inside an int64
 

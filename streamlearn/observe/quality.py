@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from streamlearn.ingest.join import Joined, JoinState, join_keys
-from streamlearn.train.prequential import SlidingWindow, summarize
+from streamlearn.prequential import SlidingWindow, summarize
 
 
 class ServedQuality:

@@ -30,13 +30,13 @@ from streamlearn import faults, metrics
 from streamlearn.errors import BadEvent, ConfigError, ServeError
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
+from streamlearn.rundir import checkpoint
 from streamlearn.runfiles import json_safe
 from streamlearn.schema import reason_code
 from streamlearn.serve.answers import AnswerLog, id_field
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.latency import ScoringStats
 from streamlearn.serve.model_store import ModelStore
-from streamlearn.train import checkpoint
 
 _QUOTED_FIELD = re.compile(r"'([^']+)'")
 

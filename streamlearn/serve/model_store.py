@@ -35,24 +35,22 @@ from torch import nn
 from streamlearn import faults, metrics
 from streamlearn.errors import CheckpointError
 from streamlearn.logs import bind, log
+from streamlearn.phases import Phases
 from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.rundir import checkpoint
+from streamlearn.rundir.ledger import PIN_FILE, STAMP_SLACK, Decision, Ledger, held_versions, read_pin
 from streamlearn.runfiles import read_last_jsonl
 from streamlearn.serve import paired
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.gate import (
-    STAMP_SLACK,
-    Decision,
-    Ledger,
     gather_evidence,
     metric_problem,
     online_metric,
     replica_id,
     weights_problem,
 )
-from streamlearn.train import checkpoint
-from streamlearn.train.phases import Phases
 
-PIN_FILE = "PINNED"
+__all__ = ["ModelStore", "ServingModel", "held_versions", "pin_version", "read_pin", "unpin"]
 
 
 @dataclass(frozen=True)
@@ -83,31 +81,6 @@ class _Rejected(Exception):
         self.kind, self.reason = kind, reason
 
 # ---- pin file: the rollback switch shared by every replica and the CLI -----------------
-
-def read_pin(run_dir: str | Path) -> int | None:
-    """The pinned version, or None. Raises CheckpointError if the file holds no version."""
-    try:
-        text = (Path(run_dir) / PIN_FILE).read_text().strip()
-    except FileNotFoundError:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise CheckpointError(f"{Path(run_dir) / PIN_FILE} holds {text[:20]!r}, not a version; "
-                              "fix it with `pin_version` or delete it to unpin") from None
-
-
-def held_versions(run_dir: str | Path) -> set[int]:
-    """Checkpoints retention must keep whatever their age: the pinned one and the newest
-    approved one, which a replica starting now loads to agree with the others. Without the
-    hold, a gate refusing `keep_checkpoints` candidates in a row pruned the served version
-    from under every replica started after that (at a checkpoint every 2 s: within a minute)."""
-    try:
-        pinned = read_pin(run_dir)
-    except CheckpointError:
-        pinned = None  # a broken pin file is reported by the replicas; retention goes on
-    return {v for v in (pinned, Ledger(run_dir).newest_approved()) if v is not None}
-
 
 def pin_version(checkpoint_dir: str | Path, run_name: str, version: int) -> Path:
     """Make every replica serve `version` (a rollback) until `unpin`. The checkpoint must
@@ -161,7 +134,7 @@ class ModelStore:
         self.poll_interval_s = poll_interval_s
         self.swap_delay_s = swap_delay_s
         # A poll that started longer ago than this may have missed an approval that is due now
-        # (gate.STAMP_SLACK); 0 (no swap delay) turns the request-path check off.
+        # (rundir/ledger.py: STAMP_SLACK); 0 (no swap delay) turns the request-path check off.
         self._fresh_for_s = swap_delay_s * (1 - STAMP_SLACK)
         self.ledger = Ledger(run_dir)
         self.current: ServingModel | None = None  # the one reference requests read (via serving())

@@ -37,8 +37,8 @@ import numpy as np
 
 from streamlearn.errors import PipelineError
 from streamlearn.pipeline import Pipeline
+from streamlearn.prequential import SlidingWindow
 from streamlearn.train.evidence import EvidenceSampler
-from streamlearn.train.prequential import SlidingWindow
 
 INPUT_EVENTS = 1024  # events per update of the overall input detectors
 ERROR_DELTA = 0.002  # river's default

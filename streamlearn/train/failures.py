@@ -35,7 +35,7 @@ class DeathRecord(ray.train.UserCallback):
         if not deaths:
             return
         try:
-            from streamlearn.train import checkpoint as ckpt
+            from streamlearn.rundir import checkpoint as ckpt
 
             newest = ckpt.newest(self.run_dir)
             version = ckpt.read_meta(newest)["version"] if newest else 0

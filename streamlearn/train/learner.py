@@ -12,9 +12,9 @@ import torch
 
 from streamlearn import faults
 from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch
+from streamlearn.phases import Phases
 from streamlearn.pipeline import Pipeline
 from streamlearn.train.drift import Watch
-from streamlearn.train.phases import Phases
 
 
 @dataclass(frozen=True)

@@ -27,22 +27,23 @@ import torch
 import torch.distributed as dist
 
 from streamlearn import faults, heap
+from streamlearn.collectives import broadcast, exchange
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.ingest.stream import Batch, Stream, WorkerStream, feature_width
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
+from streamlearn.phases import Phases, trace_allreduce
 from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.prequential import summarize
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.runfiles import append_jsonl, read_last_jsonl
-from streamlearn.train import checkpoint as ckpt
-from streamlearn.train.coordinator import Coordinator, await_handover, broadcast, exchange
+from streamlearn.train.coordinator import Coordinator, await_handover
 from streamlearn.train.drift import Alarm, Watch, for_pipeline
 from streamlearn.train.evidence import EvidenceSampler
 from streamlearn.train.learner import Learner
 from streamlearn.train.lineage import Counters, Lineage
-from streamlearn.train.phases import Phases, trace_allreduce
-from streamlearn.train.prequential import summarize
 from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005

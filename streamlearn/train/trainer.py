@@ -18,7 +18,7 @@ from streamlearn.kafka.broker import require_broker
 from streamlearn.localray import join_ray
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 

@@ -20,9 +20,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from streamlearn import faults
-from streamlearn.serve.model_store import held_versions  # what serving needs kept
-from streamlearn.train import checkpoint as ckpt
-from streamlearn.train.join_files import JoinFiles
+from streamlearn.ingest.join_files import JoinFiles
+from streamlearn.rundir import checkpoint as ckpt
+from streamlearn.rundir.ledger import held_versions  # what serving needs kept
 
 MAX_PENDING = 2  # a writer slower than the cadence makes training wait rather than pile up copies
 

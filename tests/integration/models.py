@@ -9,7 +9,7 @@ import torch
 
 from pipelines.banking import LABEL
 from streamlearn.pipeline import JoinedLabels, load_pipeline
-from streamlearn.train import checkpoint
+from streamlearn.rundir import checkpoint
 
 FRAUD = load_pipeline("fraud")
 EVENT = {"event_id": "e-1", "event_time": 1_700_000_000_000, "customer_id": "c-42", "amount": 125.5,

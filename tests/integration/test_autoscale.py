@@ -23,7 +23,7 @@ import pytest
 from load.generator import run_load
 from streamlearn.cluster import cluster_processes
 from streamlearn.config import REPO_ROOT
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 
 from .streams import expected_learning, read_topic
 

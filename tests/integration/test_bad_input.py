@@ -16,8 +16,8 @@ from load.generator import MALFORMED_KINDS, BankingSimulator, partition_for, run
 from pipelines.banking import TRANSACTION
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import BadEvent
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.schema import reason_code
-from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .streams import expected_learning, read_topic

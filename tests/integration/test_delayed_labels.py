@@ -31,7 +31,7 @@ from streamlearn import faults
 from streamlearn.errors import BadEvent, StreamlearnError
 from streamlearn.ingest.stream import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .models import ShortChargebacks
@@ -139,7 +139,7 @@ def test_delayed_labels_are_learned_once_through_a_worker_kill_and_a_resume_on_o
 def test_delayed_labels_are_learned_once_through_an_aimed_kill_at_a_checkpoint(
         kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault):
     """A checkpoint writes only the join rows new since the one before and links the rest from it
-    (train/join_files.py): killed while it writes them, or after it is published but before its
+    (ingest/join_files.py): killed while it writes them, or after it is published but before its
     offsets are committed, the group restarts from files that earlier checkpoints wrote."""
     ensure_topics(kafka_settings, {f"{topic}.labels": 4})
     run_load(kafka.bootstrap, topic, partitions=4, count=16_000, bad_fraction=0.02, seed=77, labels=PLAN)

@@ -28,7 +28,7 @@ from streamlearn.config import REPO_ROOT, KafkaSettings, TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.kafka.admin import ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .test_training import INGESTS, assert_exactly_once, config, train_workers

@@ -24,11 +24,11 @@ from streamlearn.kafka.broker import free_port
 from streamlearn.monitor import Monitor, query, session_discovery_file
 from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
 from streamlearn.pipeline import load_pipeline
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.runfiles import read_last_jsonl
 from streamlearn.serve.answers import SCORES_SUFFIX
 from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig
-from streamlearn.train import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .test_serve import EVENT, write_checkpoint

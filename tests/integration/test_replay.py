@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from load.generator import run_load
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .test_training import assert_exactly_once, config

@@ -25,7 +25,7 @@ from streamlearn.ingest.deadletter import DeadLetters, dead_letter_key, decode
 from streamlearn.kafka.admin import committed_offsets, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, require_broker
 from streamlearn.kafka.secure import BrokerSecurity, make_tls
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .models import EVENT, write_checkpoint

@@ -28,11 +28,11 @@ from streamlearn.kafka.admin import ensure_topics
 from streamlearn.kafka.broker import free_port
 from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
 from streamlearn.pipeline import load_pipeline
+from streamlearn.rundir import checkpoint
 from streamlearn.serve.answers import SCORES_SUFFIX
 from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.model_store import pin_version, unpin
-from streamlearn.train import checkpoint
 from tests import trained
 
 pytestmark = pytest.mark.integration

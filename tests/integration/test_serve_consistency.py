@@ -21,9 +21,9 @@ from ray import serve
 from streamlearn import faults
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.broker import free_port
+from streamlearn.rundir import checkpoint
 from streamlearn.serve.app import deploy, shutdown
 from streamlearn.serve.config import ServeConfig
-from streamlearn.train import checkpoint
 from streamlearn.train.trainer import run_dir, train
 
 from .test_faults import Producing, replicas, running_replicas

@@ -10,7 +10,7 @@ import pytest
 from load.generator import run_load
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.admin import committed_offsets, end_offsets
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
 from .streams import dead_letter_keys, expected_learning, read_topic

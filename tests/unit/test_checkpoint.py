@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from streamlearn.errors import CheckpointError
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 
 
 def write(path, version):

@@ -7,7 +7,7 @@ import torch
 
 from streamlearn.config import TrainConfig
 from streamlearn.errors import CheckpointError
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.loop import _restore
 
 
@@ -35,8 +35,8 @@ def test_restore_loads_the_newest_verified_checkpoint(tmp_path):
 def test_a_join_state_travels_in_the_checkpoint_under_its_checksum(tmp_path):
     import numpy as np
 
+    from streamlearn.ingest.join_files import JoinFiles
     from streamlearn.ingest.labelled import LabelJoin
-    from streamlearn.train.join_files import JoinFiles
     from tests.unit.test_labelled import SPEC, D, _events, stream
 
     run = tmp_path.joinpath(*RUN)

@@ -10,9 +10,9 @@ from ray.exceptions import ActorDiedError
 from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
 from streamlearn.errors import IngestError
+from streamlearn.ingest.join_files import sha256
 from streamlearn.runfiles import read_jsonl
 from streamlearn.train.failures import DeathRecord
-from streamlearn.train.join_files import sha256
 
 
 def test_a_dead_worker_gets_a_row_and_a_raised_exception_does_not(tmp_path):

@@ -9,8 +9,8 @@ import json
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from streamlearn.collectives import PLAN_BYTES, exchange
 from streamlearn.ingest.windows import Window
-from streamlearn.train.coordinator import PLAN_BYTES, exchange
 
 WORLD = 3
 

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pipelines.fraud import Fraud
+from streamlearn.phases import Phases
 from streamlearn.train.drift import Watch
 from streamlearn.train.learner import Learner, Shuffled
-from streamlearn.train.phases import Phases
 
 SIZES = (300, 100)
 

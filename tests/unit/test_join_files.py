@@ -1,4 +1,4 @@
-"""The join state in checkpoints (streamlearn/train/join_files.py): each checkpoint is written
+"""The join state in checkpoints (streamlearn/ingest/join_files.py): each checkpoint is written
 with only what changed since the one before, and still restores exactly the state the join held
 at it (through joins, expiry, the cap, rewrites, pruned predecessors and restores in between);
 a replay from it decides as the join that never stopped; a segment gone or changed is refused."""
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from streamlearn.errors import CheckpointError
+from streamlearn.ingest import join_files
+from streamlearn.ingest.join_files import JoinFiles
 from streamlearn.ingest.labelled import LabelJoin
 from streamlearn.pipeline import JoinedLabels
-from streamlearn.train import checkpoint as ckpt
-from streamlearn.train import join_files
-from streamlearn.train.join_files import JoinFiles
+from streamlearn.rundir import checkpoint as ckpt
 from tests.unit.test_labelled import SPEC, D, _events, _labels, stream
 
 CAPPED = JoinedLabels(SPEC.schema, ttl_s=SPEC.ttl_s, max_pending=160)  # 80 a partition: the cap evicts

@@ -14,10 +14,10 @@ import torch
 
 from streamlearn.errors import CheckpointError, ConfigError
 from streamlearn.pipeline import load_pipeline
+from streamlearn.rundir import checkpoint
 from streamlearn.serve.config import ServeConfig
 from streamlearn.serve.gate import metric_problem, weights_problem
 from streamlearn.serve.model_store import ModelStore, pin_version, read_pin, unpin
-from streamlearn.train import checkpoint
 from tests import trained
 
 FRAUD = load_pipeline("fraud")
@@ -473,14 +473,14 @@ def test_a_starting_replica_waits_for_the_first_moment_before_traffic(run_dir):
 def test_a_replica_started_before_two_moments_follows_both(run_dir):
     """Started after v1 and v2 were announced but before either moment: 503 like the others, then
     v1, then v2 — never v2 early, never v1 after v2."""
-    a = ModelStore(FRAUD, run_dir, swap_delay_s=0.8, poll_interval_s=0.1)
+    a = ModelStore(FRAUD, run_dir, swap_delay_s=2.0, poll_interval_s=0.1)
     write_checkpoint(run_dir, 1)
     a.poll_once()
-    time.sleep(0.3)  # the two moments apart
+    time.sleep(0.5)  # the two moments apart (a delay of 2 s: room for a loaded machine's polls)
     write_checkpoint(run_dir, 2)
     a.poll_once()
     first, second = a.ledger.read(1).serve_at, a.ledger.read(2).serve_at
-    late = ModelStore(FRAUD, run_dir, swap_delay_s=0.8, poll_interval_s=0.1)
+    late = ModelStore(FRAUD, run_dir, swap_delay_s=2.0, poll_interval_s=0.1)
     late.poll_once()
     assert time.time() < first < second and late.serving() is None and a.serving() is None
     time.sleep(max(0.0, first - time.time()) + 0.01)
@@ -593,7 +593,7 @@ def test_a_request_does_not_poll_while_the_poller_keeps_up(run_dir):
 def test_an_approval_is_stamped_again_when_its_write_stalls(run_dir, monkeypatch):
     """The moment must be at most STAMP_SLACK of the delay older than the link: a replica that read
     the ledger just before it counts on the rest of the delay."""
-    from streamlearn.serve import gate
+    from streamlearn.rundir import ledger as gate
 
     ledger = gate.Ledger(run_dir)
     decision = gate.Decision(1, True, None, None, 0.8, None, time.time(), 0.0, "test", None)

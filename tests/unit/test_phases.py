@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from streamlearn.kafka.broker import free_port
-from streamlearn.train.phases import Phases, trace_allreduce
+from streamlearn.phases import Phases, trace_allreduce
 
 
 def test_allreduce_hook_records_each_bucket_and_keeps_ddp_gradients(tmp_path):

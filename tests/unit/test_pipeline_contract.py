@@ -10,7 +10,7 @@ import pipelines
 from load.generator import BankingSimulator
 from streamlearn.errors import BadEvent, PipelineError
 from streamlearn.pipeline import Pipeline, load_pipeline
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 
 NAMES = [m.name for m in pkgutil.iter_modules(pipelines.__path__)
          if hasattr(__import__(f"pipelines.{m.name}", fromlist=["PIPELINE"]), "PIPELINE")]

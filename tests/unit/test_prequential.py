@@ -1,6 +1,6 @@
 import numpy as np
 
-from streamlearn.train.prequential import SlidingWindow, roc_auc, summarize
+from streamlearn.prequential import SlidingWindow, roc_auc, summarize
 
 
 def test_auc_matches_definition():

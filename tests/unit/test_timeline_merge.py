@@ -8,7 +8,7 @@ import pytest
 
 from streamlearn.errors import StreamlearnError
 from streamlearn.observe.timeline import merge, read_trace
-from streamlearn.train.phases import Phases
+from streamlearn.phases import Phases
 
 
 def test_merge_keeps_each_rank_and_reads_an_unfinished_file(tmp_path):

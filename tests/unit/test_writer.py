@@ -10,7 +10,7 @@ import torch
 from pipelines.fraud import Fraud
 from streamlearn.config import TrainConfig
 from streamlearn.errors import CheckpointError
-from streamlearn.train import checkpoint as ckpt
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.loop import _restore
 from streamlearn.train.writer import CheckpointWriter
 

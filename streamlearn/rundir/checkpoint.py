@@ -23,8 +23,8 @@ import numpy as np
 
 from streamlearn import faults
 from streamlearn.errors import CheckpointError
-from streamlearn.train import join_files
-from streamlearn.train.join_files import ARRAYS, JoinFiles, sha256
+from streamlearn.ingest import join_files
+from streamlearn.ingest.join_files import ARRAYS, JoinFiles, sha256
 
 SUMS = "SHA256SUMS"
 FILES = ("model.pt", "meta.json")  # in every checkpoint
