@@ -1,7 +1,8 @@
 """What every benchmark in load/ shares: its JSON file, its section of BENCHMARKS.md, the machine.
 
     write_json("scoring", figures)            # docs/bench/scoring.json
-    write_section("scoring", "Title", body)   # between <!-- bench:scoring --> and <!-- /bench:scoring -->
+    write_section("scoring", "Title", body)   # between <!-- bench:scoring --> and <!-- /bench:scoring -->,
+                                              # headed by load/bench/tables.py's table of scoring.json
     audit_exactly_once(settings, cfg, produced)  # a run's last checkpoint against a re-read of Kafka
     read_whole_topic(settings, topic)         # every message of a topic (confluent-kafka Messages)
 
@@ -17,6 +18,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -26,20 +28,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from load.bench.tables import section_table
 from streamlearn.config import REPO_ROOT, KafkaSettings, TrainConfig
 from streamlearn.errors import BadEvent
 from streamlearn.ingest.stream import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka
 from streamlearn.pipeline import load_pipeline
+from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.runfiles import json_safe
-from streamlearn.train import checkpoint as ckpt
 
 DOCS = REPO_ROOT / "docs"
 BENCH_DIR = DOCS / "bench"
 BENCHMARKS_MD = DOCS / "BENCHMARKS.md"
 HEADER = ("# Benchmarks\n\nWritten by the benchmarks in `load/` (`python -m load.bench.<name>`); each section is "
-          "replaced by its own benchmark and figures are also in `docs/bench/<name>.json`. Machines here are noisy: "
+          "replaced by its own benchmark and starts with a table generated from `docs/bench/<name>.json` "
+          "(`python -m load.bench.tables`). Machines here are noisy: "
           "every contender is measured against its baseline in the same run, and figures are medians and ratios.\n")
 
 
@@ -150,10 +154,22 @@ def write_json(name: str, figures: dict[str, Any]) -> Path:
     return path
 
 
-def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD) -> Path:
-    """Replace (or append) the section between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`."""
+def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD, bench_dir: Path = BENCH_DIR) -> Path:
+    """Replace (or append) the section between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`.
+
+    The section starts with the benchmark's table, rendered from its JSON by load/bench/tables.py
+    (`faults-bench` from faults.json; none where there is no JSON or renderer), then `body`."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    section = f"{start}\n## {title}\n\n{body.rstrip()}\n{end}"
+    body = body.rstrip()
+    try:
+        table = section_table(name, bench_dir)
+    except Exception as e:  # a table's bug must not lose what the benchmark measured
+        print(f"write_section({name!r}): no table ({e!r}); tests/unit/test_benchmarks_doc.py will say so",
+              file=sys.stderr)
+        table = None
+    if table:
+        body = f"{table}\n\n{body.lstrip(chr(10))}"
+    section = f"{start}\n## {title}\n\n{body}\n{end}"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     with os.fdopen(fd, "r+", encoding="utf-8") as f:
