@@ -74,16 +74,41 @@ def _bad_event(err: BadEvent, index: int | None) -> ClientError:
 def build_app(store: ModelStore, cfg: ServeConfig,
               lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
               answers: AnswerLog | None = None) -> FastAPI:
-    pipeline = store.pipeline
-    schema = pipeline.schema
-    answer_id = id_field(pipeline) if answers is not None else ""
-    # Bigger bodies are refused before being read: max_batch events of the largest size.
-    max_body = cfg.max_batch * (schema.max_bytes + 2) + 2
-    event_schema = schema.json_schema() | {"title": f"{schema.name} event"}
-
+    pipeline, schema = store.pipeline, store.pipeline.schema
     app = FastAPI(title=f"streamlearn scoring: {pipeline.name}", version=str(pipeline.version), lifespan=lifespan,
                   description=f"Scores {schema.name} events with the newest {pipeline.task} model "
                               f"that passed its integrity check and quality gate.")
+    _answer_errors(app)
+    scoring = Scoring(store, cfg, answers)
+    guarded = _guard(cfg)
+    errors = {code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 503)}
+    event_schema = schema.json_schema() | {"title": f"{schema.name} event"}
+    body_doc = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "oneOf": [event_schema, {"type": "array", "items": event_schema, "minItems": 1,
+                                 "maxItems": cfg.max_batch}]}}}}}
+
+    @app.post("/score", response_model=ScoreResponse, responses=errors, openapi_extra=body_doc,
+              dependencies=guarded)
+    async def score(request: Request) -> Response:
+        """Score one event, or a list of up to max_batch events."""
+        return await scoring.answer(request)
+
+    @app.get("/model", responses=errors, dependencies=guarded)
+    async def model_info() -> dict[str, Any]:
+        """The serving version, its offsets and online metrics, the pin, and the last rejection."""
+        return json_safe({**store.status(), "scoring": scoring.stats.summary()})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        """Liveness: open without a token. `ready` says whether a model is loaded."""
+        served = store.serving()
+        return {"status": "ok", "ready": served is not None, "version": served.version if served else None}
+
+    return app
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every failure answers JSON with a `detail`: bad input its 4xx, a bug a 500 without internals."""
 
     @app.exception_handler(ClientError)
     async def _client_error(_request: Request, exc: ClientError) -> JSONResponse:
@@ -101,9 +126,13 @@ def build_app(store: ModelStore, cfg: ServeConfig,
         return JSONResponse({"detail": f"internal error ({type(exc).__name__}); see the replica log"},
                             status_code=500)
 
-    stats = ScoringStats()  # this replica's recent latencies, shown by GET /model
+
+def _guard(cfg: ServeConfig) -> list:
+    """The bearer-token check as a route dependency, or none without a token (no per-request cost)."""
+    if not cfg.auth_token:
+        return []
     bearer = HTTPBearer(auto_error=False)  # also documents the security scheme in OpenAPI
-    expected = cfg.auth_token.get_secret_value().encode() if cfg.auth_token else None
+    expected = cfg.auth_token.get_secret_value().encode()
 
     def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         given = credentials.credentials.encode() if credentials else b""
@@ -111,47 +140,53 @@ def build_app(store: ModelStore, cfg: ServeConfig,
             raise ClientError(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
                               headers={"WWW-Authenticate": "Bearer"})
 
-    guarded = [Depends(authorized)] if expected is not None else []  # no per-request cost without a token
-    errors = {code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 503)}
-    body_doc = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "oneOf": [event_schema, {"type": "array", "items": event_schema, "minItems": 1,
-                                 "maxItems": cfg.max_batch}]}}}}}
+    return [Depends(authorized)]
 
-    @app.post("/score", response_model=ScoreResponse, responses=errors, openapi_extra=body_doc,
-              dependencies=guarded)
-    async def score(request: Request) -> Response:
-        """Score one event, or a list of up to max_batch events."""
+
+class Scoring:
+    """POST /score: read and validate the events, score them with the model served now, log the
+    answers for the evaluator, and count each request's status and latency."""
+
+    def __init__(self, store: ModelStore, cfg: ServeConfig, answers: AnswerLog | None):
+        self.store, self.pipeline, self.answers, self.max_batch = store, store.pipeline, answers, cfg.max_batch
+        self.answer_id = id_field(self.pipeline) if answers is not None else ""
+        # Bigger bodies are refused before being read: max_batch events of the largest size.
+        self.max_body = cfg.max_batch * (self.pipeline.schema.max_bytes + 2) + 2
+        self.stats = ScoringStats()  # this replica's recent latencies, shown by GET /model
+
+    async def answer(self, request: Request) -> Response:
         started = time.perf_counter()
         try:
-            response = await _score(request)
+            response = await self._score(request)
         except ClientError as e:
-            _scored(e.status, started)
+            self._scored(e.status, started)
             raise
         except Exception:
-            _scored(500, started)
+            self._scored(500, started)
             raise
-        _scored(200, started)
+        self._scored(200, started)
         return response
 
-    def _scored(status: int, started: float) -> None:
+    def _scored(self, status: int, started: float) -> None:
         # After the response is computed; a deque append and two metric calls, no lock.
         seconds = time.perf_counter() - started
-        stats.add(status, seconds)
-        metrics.record_request(pipeline.name, status, seconds)
+        self.stats.add(status, seconds)
+        metrics.record_request(self.pipeline.name, status, seconds)
 
-    async def _score(request: Request) -> Response:
+    async def _score(self, request: Request) -> Response:
         # async and inline: scoring a typical request takes well under a millisecond, less than
         # the hop to a thread pool that a sync endpoint would cost.
-        events = _parse_events(await _read_body(request, max_body), cfg.max_batch)
+        pipeline, schema = self.pipeline, self.pipeline.schema
+        events = _parse_events(await _read_body(request, self.max_body), self.max_batch)
         valid = []
         for i, event in enumerate(events):
             try:
                 valid.append(schema.validate(event))
             except BadEvent as err:
                 raise _bad_event(err, None if isinstance(events, _Single) else i) from None
-        served = store.serving()  # read once: this request uses this model and reports its version
+        served = self.store.serving()  # read once: this request uses this model and reports its version
         if served is None:
-            raise ClientError(503, f"no model yet: no checkpoint under {store.run_dir} has passed its checks; "
+            raise ClientError(503, f"no model yet: no checkpoint under {self.store.run_dir} has passed its checks; "
                                    "the trainer writes the first one after its first steps",
                               headers={"Retry-After": "2"})
         features = pipeline.features(valid)
@@ -161,24 +196,11 @@ def build_app(store: ModelStore, cfg: ServeConfig,
                               reason="not_finite")
         with torch.inference_mode():
             scores = pipeline.score(served.model(torch.from_numpy(features))).tolist()
-        if answers is not None:  # a non-blocking hand-off to librdkafka's queue (serve/answers.py)
-            answers.publish([str(event[answer_id]) for event in valid], served.version, scores)
+        if self.answers is not None:  # a non-blocking hand-off to librdkafka's queue (serve/answers.py)
+            self.answers.publish([str(event[self.answer_id]) for event in valid], served.version, scores)
         body = {"scores": scores, "version": served.version, "trained_through": served.trained_through,
                 "pipeline": pipeline.name}
         return Response(json.dumps(body), media_type="application/json")  # skips FastAPI's slow encoder
-
-    @app.get("/model", responses=errors, dependencies=guarded)
-    async def model_info() -> dict[str, Any]:
-        """The serving version, its offsets and online metrics, the pin, and the last rejection."""
-        return json_safe({**store.status(), "scoring": stats.summary()})
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        """Liveness: open without a token. `ready` says whether a model is loaded."""
-        served = store.serving()
-        return {"status": "ok", "ready": served is not None, "version": served.version if served else None}
-
-    return app
 
 
 class _Single(list):
