@@ -8,8 +8,14 @@ from pathlib import Path
 
 import typer
 
+from streamlearn.autoscale.policy import ScalingPolicy
+from streamlearn.cluster import ClusterSpec
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError, StreamlearnError
+from streamlearn.kafka.broker import EmbeddedKafka
+from streamlearn.monitor import Monitor
+from streamlearn.observe.config import EvaluatorConfig
+from streamlearn.serve.config import ServeConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Continuous training from Kafka on Ray.")
@@ -30,20 +36,16 @@ def _print_json(obj) -> None:
 
 
 @kafka_app.command("up")
-def kafka_up(port: int = typer.Option(9092, help="Listener port; 0 picks a free one."),
+def kafka_up(port: int = typer.Option(EmbeddedKafka.port, help="Listener port; 0 picks a free one."),
              data_dir: Path | None = typer.Option(None, help="Where the broker keeps its data.")):
     """Start the embedded broker (idempotent) and print its bootstrap address."""
-    from streamlearn.kafka.broker import EmbeddedKafka
-
     broker = EmbeddedKafka(port=port, data_dir=data_dir).start()
     print(broker.bootstrap)
 
 
 @kafka_app.command("down")
-def kafka_down(port: int = 9092, data_dir: Path | None = None):
+def kafka_down(port: int = EmbeddedKafka.port, data_dir: Path | None = None):
     """Stop the embedded broker cleanly (its data stays)."""
-    from streamlearn.kafka.broker import EmbeddedKafka
-
     stopped = EmbeddedKafka(port=port, data_dir=data_dir).stop()
     print("stopped" if stopped else "not running")
 
@@ -79,7 +81,7 @@ def topics_create(topic: str, partitions: int = typer.Option(4, min=1), bootstra
 
 @app.command()
 def load(bootstrap: str | None = BOOTSTRAP,
-         topic: str = "transactions",
+         topic: str = TrainConfig.topic,
          partitions: int = typer.Option(4, min=1),
          rate: float = typer.Option(0.0, help="Events/s; 0 = as fast as possible."),
          profile: str | None = typer.Option(None, help="constant:R | ramp:A:B:S | step:LO:HI:AT | "
@@ -96,7 +98,7 @@ def load(bootstrap: str | None = BOOTSTRAP,
          fraud_labels_only: bool = typer.Option(False, help="With --label-delay: only frauds get a label, as a bank "
                                                              "hears only of chargebacks (pipeline fraud_chargebacks "
                                                              "learns the rest as legitimate after its TTL)."),
-         seed: int = 0,
+         seed: int = TrainConfig.seed,
          quiet: bool = typer.Option(False, help="No live progress line.")):
     """The load generator: simulated customers producing banking events; prints a JSON summary."""
     from load.generator import run_load
@@ -122,42 +124,50 @@ def load(bootstrap: str | None = BOOTSTRAP,
 
 
 @app.command()
-def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipelines/, or module:attribute."),
+def train(pipeline: str = typer.Option(TrainConfig.pipeline,
+                                       help="Pipeline name under pipelines/, or module:attribute."),
           bootstrap: str | None = BOOTSTRAP,
-          topic: str = "transactions",
-          workers: int = typer.Option(2, min=1),
+          topic: str = TrainConfig.topic,
+          workers: int = typer.Option(TrainConfig.workers, min=1),
           ingest: str = typer.Option(TrainConfig.ingest, help="How events reach the workers: 'direct' (each rank "
                                                               "reads Kafka) or 'ray-data' (a Ray Data pipeline "
                                                               "reads, decodes and splits them)."),
-          use_gpu: bool = typer.Option(False, help="NCCL on GPUs instead of gloo on CPUs."),
-          cpus_per_worker: float = 0.5,
-          batch_size: int = 256,
+          use_gpu: bool = typer.Option(TrainConfig.use_gpu, help="NCCL on GPUs instead of gloo on CPUs."),
+          cpus_per_worker: float = TrainConfig.cpus_per_worker,
+          batch_size: int = TrainConfig.batch_size,
           checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="Local directory for checkpoints."),
           checkpoint_every_s: float = TrainConfig.checkpoint_every_s,
           checkpoint_every_steps: int = TrainConfig.checkpoint_every_steps,
           keep_checkpoints: int = TrainConfig.keep_checkpoints,
-          run_name: str = typer.Option("", help="Checkpoint lineage name (default: the pipeline name)."),
+          run_name: str = typer.Option(TrainConfig.run_name,
+                                       help="Checkpoint lineage name (default: the pipeline name)."),
           max_events: int | None = typer.Option(None, help="Stop after learning/dead-lettering this many."),
           until_idle: float | None = typer.Option(None, help="Stop after the stream is idle this many seconds."),
           timeline: str = typer.Option("", help="Write a Chrome trace per rank to PATH.rankN.json."),
-          seed: int = 0,
-          drift: bool = typer.Option(True, help="Rank 0's drift detectors (alarms in logs, metrics, history)."),
-          warm_pool: bool = typer.Option(True, help="Autoscale: start a resize's Ray processes ahead of it, "
+          seed: int = TrainConfig.seed,
+          drift: bool = typer.Option(TrainConfig.drift,
+                                     help="Rank 0's drift detectors (alarms in logs, metrics, history)."),
+          warm_pool: bool = typer.Option(TrainConfig.warm_pool,
+                                         help="Autoscale: start a resize's Ray processes ahead of it, "
                                                     "imports done, while the autoscaler adds room."),
           min_workers: int | None = typer.Option(None, help="Autoscale: fewest workers (default: --workers)."),
           max_workers: int | None = typer.Option(None, help="Autoscale: most workers (default: --workers)."),
-          up_cooldown: float = typer.Option(15.0, help="Autoscale: seconds the need must stay high to add."),
-          down_cooldown: float = typer.Option(60.0, help="Autoscale: seconds the need must stay low to remove."),
-          target_drain: float = typer.Option(30.0, help="Autoscale: a backlog should drain within this."),
-          capacity_floor: float = typer.Option(1000.0, help="Autoscale: events/s one worker learns, at least."),
-          warm_wait: float = typer.Option(60.0, help="Autoscale: seconds a resize waits for room to start the new "
+          up_cooldown: float = typer.Option(ScalingPolicy.up_cooldown_s,
+                                            help="Autoscale: seconds the need must stay high to add."),
+          down_cooldown: float = typer.Option(ScalingPolicy.down_cooldown_s,
+                                              help="Autoscale: seconds the need must stay low to remove."),
+          target_drain: float = typer.Option(ScalingPolicy.target_drain_s,
+                                             help="Autoscale: a backlog should drain within this."),
+          capacity_floor: float = typer.Option(ScalingPolicy.capacity_floor,
+                                               help="Autoscale: events/s one worker learns, at least."),
+          warm_wait: float = typer.Option(ScalingPolicy.warm_wait_s,
+                                          help="Autoscale: seconds a resize waits for room to start the new "
                                                      "group beside the old (pause of seconds) before it stops "
                                                      "the old one first; 0: always stop first.")):
     """Train continuously from the topic (bounded with --max-events / --until-idle); prints a JSON summary.
     With --min-workers < --max-workers the worker count follows the load (docs/OPERATIONS.md, Scaling)."""
     import psutil
 
-    from streamlearn.autoscale.policy import ScalingPolicy
     from streamlearn.train.trainer import train as run_training
 
     cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, ingest=ingest, use_gpu=use_gpu,
@@ -175,7 +185,7 @@ def train(pipeline: str = typer.Option("fraud", help="Pipeline name under pipeli
 
 @app.command()
 def demo(duration: float | None = typer.Option(None, help="Stop after this many seconds (default: Ctrl-C)."),
-         pipeline: str = "fraud",
+         pipeline: str = TrainConfig.pipeline,
          home: str = typer.Option("", help="Where the broker's data and the checkpoints go "
                                            "(default: ~/.cache/streamlearn/demo, kept between demos)."),
          profile: str = typer.Option("", help="The generator's load profile (constant:RATE, "
@@ -195,11 +205,11 @@ app.add_typer(serve_app, name="serve")
 
 
 @serve_app.command("up")
-def serve_up(pipeline: str = "fraud",
+def serve_up(pipeline: str = ServeConfig.pipeline,
              checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="The trainer's checkpoint directory."),
-             run_name: str = "", host: str = "127.0.0.1", port: int = 8000,
-             min_replicas: int = 1, max_replicas: int = 2,
-             swap_delay_s: float = typer.Option(1.0, help="Seconds from a version's approval "
+             run_name: str = ServeConfig.run_name, host: str = ServeConfig.host, port: int = ServeConfig.port,
+             min_replicas: int = ServeConfig.min_replicas, max_replicas: int = ServeConfig.max_replicas,
+             swap_delay_s: float = typer.Option(ServeConfig.swap_delay_s, help="Seconds from a version's approval "
                                                 "to the moment every replica switches to it (0: at once)."),
              address: str = typer.Option("auto", help="Ray cluster to deploy on ('auto': the running one)."),
              timeline: str = typer.Option("", help="Each replica traces its model swaps to PATH.scorer-<pid>.json "
@@ -210,7 +220,7 @@ def serve_up(pipeline: str = "fraud",
              bootstrap: str | None = BOOTSTRAP):
     """Deploy the scorer on a running Ray cluster; it follows the newest checkpoint."""
     from streamlearn.localray import join_ray
-    from streamlearn.serve import ServeConfig, deploy
+    from streamlearn.serve import deploy
 
     scores_bootstrap = ""
     if scores_topic:
@@ -229,7 +239,7 @@ def serve_up(pipeline: str = "fraud",
 @serve_app.command("rollback")
 def serve_rollback(to: int | None = typer.Option(None, "--to", help="Version to pin (default: the one before "
                                                                       "the newest)."),
-                   pipeline: str = "fraud", run_name: str = "",
+                   pipeline: str = TrainConfig.pipeline, run_name: str = TrainConfig.run_name,
                    checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir)):
     """Pin an older checkpoint version: every replica serves it until `serve unpin`."""
     from streamlearn.rundir.checkpoint import list_checkpoints
@@ -246,7 +256,7 @@ def serve_rollback(to: int | None = typer.Option(None, "--to", help="Version to 
 
 
 @serve_app.command("unpin")
-def serve_unpin(pipeline: str = "fraud", run_name: str = "",
+def serve_unpin(pipeline: str = TrainConfig.pipeline, run_name: str = TrainConfig.run_name,
                 checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir)):
     """Follow the newest checkpoint again."""
     from streamlearn.serve import ServeConfig, unpin
@@ -264,7 +274,7 @@ def _run_dir(run_dir: Path | None, checkpoint_dir: str, pipeline: str, run_name:
 @app.command()
 def report(run_dir: Path | None = typer.Argument(None, help="Run directory (default: CHECKPOINT_DIR/RUN_NAME)."),
            checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="The trainer's checkpoint directory."),
-           pipeline: str = "fraud", run_name: str = "",
+           pipeline: str = TrainConfig.pipeline, run_name: str = TrainConfig.run_name,
            out: Path | None = typer.Option(None, help="Where the PNGs go (default: RUN_DIR/report).")):
     """PNG charts of a run over time (rate, lag, workers, online metric, loss, versions); during or after it."""
     from streamlearn.observe.report import render_report
@@ -275,12 +285,14 @@ def report(run_dir: Path | None = typer.Argument(None, help="Run directory (defa
 
 
 @app.command()
-def evaluate(pipeline: str = "fraud", bootstrap: str | None = BOOTSTRAP, topic: str = "transactions",
+def evaluate(pipeline: str = TrainConfig.pipeline, bootstrap: str | None = BOOTSTRAP,
+             topic: str = EvaluatorConfig.topic,
              checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="Where served.jsonl goes: "
                                                                                  "CHECKPOINT_DIR/RUN_NAME."),
              run_name: str = "",
-             window: int = typer.Option(5000, help="Labelled answers per sliding window."),
-             every: float = typer.Option(5.0, help="Seconds between rows of served.jsonl (and metric updates)."),
+             window: int = typer.Option(EvaluatorConfig.window, help="Labelled answers per sliding window."),
+             every: float = typer.Option(EvaluatorConfig.every_s,
+                                         help="Seconds between rows of served.jsonl (and metric updates)."),
              lookback: float | None = typer.Option(None, help="Seconds of both topics re-read at start "
                                                                "(default: the label TTL, at most an hour)."),
              duration: float | None = typer.Option(None, help="Stop after this many seconds (default: never).")):
@@ -288,7 +300,7 @@ def evaluate(pipeline: str = "fraud", bootstrap: str | None = BOOTSTRAP, topic: 
     Run it as a Ray job (`ray job submit -- streamlearn evaluate ...`) for its Prometheus metrics."""
     import os
 
-    from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
+    from streamlearn.observe.evaluator import Evaluator
     from streamlearn.pipeline import load_pipeline
 
     if os.environ.get("RAY_ADDRESS"):  # under `ray job submit`: the metrics go through Ray's agent
@@ -303,8 +315,10 @@ def evaluate(pipeline: str = "fraud", bootstrap: str | None = BOOTSTRAP, topic: 
 
 @app.command()
 def status(address: str = typer.Option("auto", help="Ray cluster: 'auto', HOST:6379 or ray://HOST:10001."),
-           pipeline: str = "fraud", run_name: str = typer.Option("", help="Run name (default: the pipeline name)."),
-           serve_url: str = typer.Option("http://127.0.0.1:8000", help="The scorer (GET /model)."),
+           pipeline: str = TrainConfig.pipeline,
+           run_name: str = typer.Option(TrainConfig.run_name, help="Run name (default: the pipeline name)."),
+           serve_url: str = typer.Option(f"http://{ServeConfig.host}:{ServeConfig.port}",
+                                         help="The scorer (GET /model)."),
            checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="Where the evaluator's served.jsonl "
                                                                                 "is (CHECKPOINT_DIR/RUN_NAME)."),
            once: bool = typer.Option(False, help="Print one frame and exit."),
@@ -336,15 +350,13 @@ MONITOR_DIR = typer.Option(None, "--data-dir", help="Prometheus data, config and
 
 
 def _monitor(data_dir: Path | None, port: int, **kw):
-    from streamlearn.monitor import Monitor
-
     return Monitor(port=port, **kw) if data_dir is None else Monitor(data_dir=data_dir, port=port, **kw)
 
 
 @monitor_app.command("up")
-def monitor_up(port: int = typer.Option(9090, help="Listen port; 0 picks a free one."),
+def monitor_up(port: int = typer.Option(Monitor.port, help="Listen port; 0 picks a free one."),
                data_dir: Path | None = MONITOR_DIR,
-               host: str = typer.Option("127.0.0.1", help="Listen address (0.0.0.0 for a remote Grafana)."),
+               host: str = typer.Option(Monitor.host, help="Listen address (0.0.0.0 for a remote Grafana)."),
                address: str = typer.Option("auto", help="Ray cluster whose nodes to scrape (run on its head)."),
                discovery_file: Path | None = typer.Option(None, help="Ray's prom_metrics_service_discovery.json "
                                                                       "(default: the cluster's, via --address).")):
@@ -375,12 +387,14 @@ app.add_typer(cluster_app, name="cluster")
 
 
 @cluster_app.command("up")
-def cluster_up(port: int = typer.Option(0, help="GCS port; 0 picks a free one."),
-               max_nodes: int = typer.Option(3, min=1, help="Autoscaled worker nodes at most."),
-               node_cpus: int = typer.Option(1, min=1, help="CPUs per node (one training worker at 1 CPU)."),
-               idle_timeout: float = typer.Option(15.0, help="Seconds before an idle node is removed.")):
+def cluster_up(port: int = typer.Option(ClusterSpec.port, help="GCS port; 0 picks a free one."),
+               max_nodes: int = typer.Option(ClusterSpec.max_nodes, min=1, help="Autoscaled worker nodes at most."),
+               node_cpus: int = typer.Option(ClusterSpec.node_cpus, min=1,
+                                             help="CPUs per node (one training worker at 1 CPU)."),
+               idle_timeout: float = typer.Option(ClusterSpec.idle_timeout_s,
+                                                  help="Seconds before an idle node is removed.")):
     """Start the head; the autoscaler adds nodes on demand. Prints the environment a driver needs."""
-    from streamlearn.cluster import ClusterSpec, client_env, up
+    from streamlearn.cluster import client_env, up
 
     cluster = up(ClusterSpec(port=port, max_nodes=max_nodes, node_cpus=node_cpus, idle_timeout_s=idle_timeout))
     for key, value in client_env(cluster.port).items():

@@ -22,7 +22,6 @@ import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from streamlearn import metrics
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import ConfigError, KafkaUnavailable
 from streamlearn.logs import log
+from streamlearn.observe.config import EvaluatorConfig
 from streamlearn.observe.quality import ServedQuality
 from streamlearn.pipeline import Pipeline
 from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers, id_field
@@ -41,21 +41,6 @@ from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers, id_field
 # the days a delayed label may take.
 INLINE_TTL_S = 300.0
 VERSIONS_SHOWN = 5  # per-version rows and metrics: the newest few (versions change every few seconds)
-
-
-@dataclass(frozen=True)
-class EvaluatorConfig:
-    topic: str = "transactions"
-    run_dir: Path = Path(".")
-    window: int = 5_000  # labelled answers per window (all versions, and each version)
-    every_s: float = 5.0
-    lookback_s: float | None = None  # default: the label TTL, at most an hour
-    max_pending: int = 1_000_000  # per side of the join
-
-    def __post_init__(self):
-        if self.window < 10 or self.every_s <= 0 or self.max_pending < 1:
-            raise ConfigError(f"evaluator: window must be >= 10, every_s > 0 and max_pending >= 1; got "
-                              f"{self.window}, {self.every_s}, {self.max_pending}")
 
 
 class Evaluator:
