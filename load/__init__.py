@@ -1,1 +1,1 @@
-"""Load generation: simulated banking events, rate profiles and malformed messages for Kafka."""
+"""The benchmarks (load/bench/): measured apart from the product, never shipped in its wheel."""

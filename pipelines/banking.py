@@ -36,7 +36,7 @@ TRANSACTION = Schema(
 )
 
 
-# With delayed labels (load/labels.py) a transaction comes without is_fraud, and its label later.
+# With delayed labels (streamlearn/loadgen/labels.py) a transaction comes without is_fraud, and its label later.
 UNLABELLED_TRANSACTION = Schema(name="banking_transaction_unlabelled",
                                 fields=tuple(f for f in TRANSACTION.fields if f.name != "is_fraud"))
 LABEL = Schema(

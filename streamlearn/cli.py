@@ -101,10 +101,10 @@ def load(bootstrap: str | None = BOOTSTRAP,
          seed: int = TrainConfig.seed,
          quiet: bool = typer.Option(False, help="No live progress line.")):
     """The load generator: simulated customers producing banking events; prints a JSON summary."""
-    from load.generator import run_load
-    from load.labels import LABELS_SUFFIX, LabelPlan, parse_label_delay
-    from load.profiles import parse_profile
     from streamlearn.kafka.admin import ensure_topics
+    from streamlearn.loadgen.generator import run_load
+    from streamlearn.loadgen.labels import LABELS_SUFFIX, LabelPlan, parse_label_delay
+    from streamlearn.loadgen.profiles import parse_profile
 
     if count is None and duration is None:  # before any topic is made: a refusal leaves nothing behind
         raise ConfigError("load needs --count N and/or --duration SECONDS, or it would never stop")

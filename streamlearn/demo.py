@@ -48,9 +48,9 @@ def run_demo(cfg: DemoConfig) -> None:
     import ray
     from ray.job_submission import JobSubmissionClient
 
-    from load.callers import call_scorer
-    from load.generator import run_load
-    from load.profiles import parse_profile
+    from streamlearn.loadgen.callers import call_scorer
+    from streamlearn.loadgen.generator import run_load
+    from streamlearn.loadgen.profiles import parse_profile
     from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
     from streamlearn.pipeline import load_pipeline
     from streamlearn.serve import ServeConfig, deploy

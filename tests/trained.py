@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import torch
 
-from load.generator import BankingSimulator
+from streamlearn.loadgen.generator import BankingSimulator
 from streamlearn.pipeline import load_pipeline
 
 FRAUD = load_pipeline("fraud")

@@ -76,7 +76,7 @@ def score_continuously(url: str, stop: threading.Event, out: list) -> None:
     """A scoring client in a loop until `stop`: (start, seconds, HTTP status or 0) per request."""
     import httpx
 
-    from load.generator import BankingSimulator
+    from streamlearn.loadgen.generator import BankingSimulator
 
     event = BankingSimulator(seed=99).events(1)[0]
     with httpx.Client(timeout=5) as client:

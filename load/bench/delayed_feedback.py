@@ -3,7 +3,7 @@ calibrates, against an oracle that knows every label at once, in the same run.
 
     python -m load.bench.delayed_feedback [--runs 3] [--days 40] [--median-delay-days 5]
 
-The stream is the generator's (load/generator.py), whose clock is already compressed: an event
+The stream is the generator's (streamlearn/loadgen/generator.py), whose clock is already compressed: an event
 every 4 s of event time, so a simulated day is 21,600 events. Its fraud pattern changes halfway
 (`drift_at`), so a method that learns frauds late also learns the new pattern late. Each fraud's
 report comes after a heavy-tailed delay: log-normal with the given median and sigma 1.0 (p90 3.6x
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from load.bench.common import machine_line, median, write_json, write_section
-from load.generator import MS_PER_EVENT, BankingSimulator
+from streamlearn.loadgen.generator import MS_PER_EVENT, BankingSimulator
 from streamlearn.pipeline import load_pipeline
 from streamlearn.prequential import roc_auc
 from streamlearn.train.feedback import fake_negative_calibrated, fake_negative_weights

@@ -27,11 +27,11 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 
 from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
-from load.callers import call_scorer
-from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.broker import free_port
+from streamlearn.loadgen.callers import call_scorer
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.pipeline import load_pipeline
 from streamlearn.runfiles import read_jsonl
 

@@ -18,8 +18,8 @@ import statistics
 
 from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
 from load.bench.ingest import DELAYED, PARTITIONS, TOPIC, pipeline_rate
-from load.generator import run_load
-from load.labels import LabelPlan, parse_label_delay
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.labels import LabelPlan, parse_label_delay
 
 CASES = (("inline", TOPIC, "fraud"), ("delayed", DELAYED, "fraud_delayed"))
 

@@ -22,11 +22,11 @@ import threading
 import time
 
 from load.bench.common import audit_exactly_once, bench_broker, machine_line, start_bench_ray, write_json, write_section
-from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn.config import TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.kafka.broker import free_port
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.train.trainer import run_dir, train
 
 TOPIC, PARTITIONS = "faults", 4

@@ -33,10 +33,10 @@ import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
 from load.bench.common import bench_broker, machine_line, score_continuously, start_bench_ray, write_json, write_section
-from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.broker import free_port
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.profiles import parse_profile
 
 TOPIC, PARTITIONS = "fresh", 4
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from load.bench.common import machine_line, median, write_json, write_section
-from load.generator import BankingSimulator
+from streamlearn.loadgen.generator import BankingSimulator
 from streamlearn.pipeline import load_pipeline
 from streamlearn.prequential import SlidingWindow, roc_auc, summarize
 from streamlearn.rundir import checkpoint

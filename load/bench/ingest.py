@@ -12,7 +12,7 @@ steady rate taken from the end of its first window to its last checkpoint; start
 checkpoint share and the per-window overhead are reported apart. `--ingest ray-data` (Ray Data
 reads, decodes and splits the stream) runs with 2 workers beside the direct path's 2 workers.
 Delayed labels: the same events again on a second topic without `is_fraud`, each label on
-`<topic>.labels` 0-1 s after its event (load/labels.py), learned by `fraud_delayed` (the same
+`<topic>.labels` 0-1 s after its event (streamlearn/loadgen/labels.py), learned by `fraud_delayed` (the same
 model, its target joined in the trainer) with 1 and 2 workers, against the inline runs, and
 with `--ingest ray-data` (joined in the read lanes) against Ray Data's inline runs.
 """
@@ -30,11 +30,11 @@ import torch
 from confluent_kafka import Consumer, TopicPartition
 
 from load.bench.common import bench_broker, machine_line, start_bench_ray, write_json, write_section
-from load.generator import run_load
-from load.labels import LabelPlan, parse_label_delay
 from streamlearn import heap
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import BadEvent
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.labels import LabelPlan, parse_label_delay
 from streamlearn.pipeline import load_pipeline
 from streamlearn.train.trainer import run_dir, train
 

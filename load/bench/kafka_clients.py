@@ -35,10 +35,10 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
 
 from load.bench.common import BENCH_DIR, machine_line, median, write_json, write_section
-from load.generator import BankingSimulator, bench_generation, encode_batch, partition_for, run_load
 from streamlearn.config import KafkaSettings
 from streamlearn.kafka.admin import ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka
+from streamlearn.loadgen.generator import BankingSimulator, bench_generation, encode_batch, partition_for, run_load
 
 PARTITIONS = 4
 BATCH_BYTES = 1_000_000
@@ -317,7 +317,8 @@ def render_generator(g: dict[str, Any]) -> str:
     target = g["target_events_per_s"]
     thread_share = g["calling_thread_cpu_s"] / g["wall_s"] if g["wall_s"] else 0.0
     return "\n".join([
-        f"`load.generator.run_load(count={g['events']:,})` unthrottled into a {g['partitions']}-partition topic on "
+        f"`streamlearn.loadgen.generator.run_load(count={g['events']:,})` unthrottled into a "
+        f"{g['partitions']}-partition topic on "
         "the same broker (generation, encoding and the confluent-kafka producer with the generator's settings: lz4, "
         f"idempotent, acks=all, flush at the end); {len(g['runs'])} runs, the median of each measure. "
         f"{machine_line(g.get('machine'))}",

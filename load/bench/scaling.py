@@ -28,11 +28,11 @@ from pathlib import Path
 
 from load.bench.common import bench_broker, machine_line, median, start_bench_ray, write_json, write_section
 from load.bench.ingest import PARTITIONS, TOPIC, baseline, median_run, pipeline_rate
-from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn.cluster import ClusterSpec, client_env, down, up
 from streamlearn.config import REPO_ROOT, KafkaSettings
 from streamlearn.kafka.admin import ensure_topics
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.profiles import parse_profile
 
 NODES = ("import json, ray; ray.init(address='auto', log_to_driver=False, configure_logging=False); "
          "print(json.dumps(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU', 0) > 0)))")

@@ -143,7 +143,7 @@ def cfg_kwargs(cfg, **overrides) -> dict[str, Any]:
 
 
 def event_bodies(n: int = 64) -> list[bytes]:
-    from load.generator import BankingSimulator, encode_batch
+    from streamlearn.loadgen.generator import BankingSimulator, encode_batch
 
     return encode_batch(BankingSimulator(seed=7).events(n))
 

@@ -47,11 +47,11 @@ from load.bench.common import (
     write_json,
     write_section,
 )
-from load.generator import BankingSimulator, run_load
-from load.profiles import parse_profile
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.kafka.admin import end_offsets
 from streamlearn.kafka.broker import free_port
+from streamlearn.loadgen.generator import BankingSimulator, run_load
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
 
 TOPIC, PARTITIONS, BAD_FRACTION = "soak", 4, 0.05

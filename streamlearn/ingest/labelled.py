@@ -1,7 +1,7 @@
 """Delayed labels in training (issue 16): one rank's online join of its events and their labels.
 
 Partition p of `<topic>.labels` holds the labels of partition p's events (a label is sent with
-its event's key: load/labels.py), and a window with labels gives both topics' ranges of a
+its event's key: streamlearn/loadgen/labels.py), and a window with labels gives both topics' ranges of a
 partition to the same rank, so each partition is joined on one rank, in a JoinState of its own,
 and no label crosses ranks. On a resize the states move with their partitions, through the
 checkpoint (`snapshot`, `restore`).

@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from load.generator import run_load
 from streamlearn import faults
 from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.ingest.raydata_stream import LOST_S
+from streamlearn.loadgen.generator import run_load
 from streamlearn.runfiles import read_jsonl
 from streamlearn.train.trainer import run_dir, train
 

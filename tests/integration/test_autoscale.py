@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from load.generator import run_load
 from streamlearn.cluster import cluster_processes
 from streamlearn.config import REPO_ROOT
+from streamlearn.loadgen.generator import run_load
 from streamlearn.rundir import checkpoint as ckpt
 
 from .streams import expected_learning, read_topic
@@ -80,7 +80,7 @@ class Load(threading.Thread):
 
 
 def _constant(rate: float):
-    from load.profiles import parse_profile
+    from streamlearn.loadgen.profiles import parse_profile
 
     return parse_profile(f"constant:{rate}")
 

@@ -12,10 +12,10 @@ from collections import Counter
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from load.generator import MALFORMED_KINDS, BankingSimulator, partition_for, run_load
 from pipelines.banking import TRANSACTION
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import BadEvent
+from streamlearn.loadgen.generator import MALFORMED_KINDS, BankingSimulator, partition_for, run_load
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.schema import reason_code
 from streamlearn.train.trainer import run_dir, train

@@ -23,14 +23,14 @@ import zlib
 
 import pytest
 
-from load.generator import run_load
-from load.labels import LabelPlan, parse_label_delay
-from load.profiles import parse_profile
 from pipelines.banking import UNLABELLED_TRANSACTION
 from streamlearn import faults
 from streamlearn.errors import BadEvent, StreamlearnError
 from streamlearn.ingest.stream import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.labels import LabelPlan, parse_label_delay
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 

@@ -22,12 +22,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn.config import REPO_ROOT, KafkaSettings, TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.kafka.admin import ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from load.generator import run_load
 from pipelines.banking import TRANSACTION
 from streamlearn.config import REPO_ROOT
 from streamlearn.errors import BadEvent
+from streamlearn.loadgen.generator import run_load
 
 from .streams import read_topic
 

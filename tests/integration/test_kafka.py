@@ -4,9 +4,9 @@ from collections import Counter
 
 import pytest
 
-from load.generator import run_load
 from streamlearn.kafka.admin import end_offsets
 from streamlearn.kafka.broker import EmbeddedKafka, metadata_ok
+from streamlearn.loadgen.generator import run_load
 
 from .streams import expected_learning, read_topic
 
@@ -48,9 +48,9 @@ def test_second_broker_on_a_taken_port_fails_with_a_clear_error(kafka, tmp_path)
 def test_delayed_labels_follow_their_events_in_the_same_partition(kafka, kafka_settings, topic):
     import json
 
-    from load.labels import LabelPlan, parse_label_delay
     from streamlearn.ingest.reader import RangeReader
     from streamlearn.kafka.admin import ensure_topics
+    from streamlearn.loadgen.labels import LabelPlan, parse_label_delay
 
     ensure_topics(kafka_settings, {f"{topic}.labels": 4})
     plan = LabelPlan(parse_label_delay("uniform:0.5:1.5"), unlabelled_fraction=0.2)

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from load.generator import run_load
 from streamlearn import metrics
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.admin import committed_offsets, end_offsets, ensure_topics
 from streamlearn.kafka.broker import free_port
+from streamlearn.loadgen.generator import run_load
 from streamlearn.monitor import Monitor, query, session_discovery_file
 from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
 from streamlearn.pipeline import load_pipeline

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from load.generator import run_load
+from streamlearn.loadgen.generator import run_load
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from load.generator import run_load
+from streamlearn.loadgen.generator import run_load
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from load.generator import run_load
-from load.profiles import parse_profile
 from streamlearn.autoscale.policy import ScalingPolicy
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.train.trainer import run_dir, train
 
 from .test_autoscale import _rows

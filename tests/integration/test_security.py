@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from load.generator import run_load
 from pipelines.banking import TRANSACTION
 from streamlearn.config import REPO_ROOT, KafkaSettings
 from streamlearn.errors import ConfigError, KafkaUnavailable
@@ -25,6 +24,7 @@ from streamlearn.ingest.deadletter import DeadLetters, dead_letter_key, decode
 from streamlearn.kafka.admin import committed_offsets, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, require_broker
 from streamlearn.kafka.secure import BrokerSecurity, make_tls
+from streamlearn.loadgen.generator import run_load
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from load.generator import run_load
 from streamlearn.config import TrainConfig
+from streamlearn.loadgen.generator import run_load
 from streamlearn.observe.report import render_report
 from streamlearn.train.trainer import run_dir, train
 

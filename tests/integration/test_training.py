@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from load.generator import run_load
 from streamlearn.config import TrainConfig
 from streamlearn.kafka.admin import committed_offsets, end_offsets
+from streamlearn.loadgen.generator import run_load
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 

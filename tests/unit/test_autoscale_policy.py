@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
-from load.profiles import Constant, Ramp, Sine, Spike
 from streamlearn.autoscale.policy import Decision, Observation, ScalingPolicy, State, decide
 from streamlearn.errors import ConfigError
+from streamlearn.loadgen.profiles import Constant, Ramp, Sine, Spike
 
 CAP, DT, PAUSE_S, CHECKPOINT_S = 1000.0, 5.0, 8.0, 10.0
 POLICY = ScalingPolicy(min_workers=1, max_workers=4, target_drain_s=30, up_margin=0.1, down_margin=0.25,

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from load.generator import BankingSimulator
 from pipelines.fraud import PIPELINE as Fraud
 from streamlearn.errors import PipelineError
+from streamlearn.loadgen.generator import BankingSimulator
 from streamlearn.pipeline import Pipeline
 from streamlearn.train.drift import DriftMonitor, Watch, for_pipeline
 

@@ -5,9 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import load.generator as generator
-from load.generator import MALFORMED_KINDS, BankingSimulator, encode_batch, malformed_message, partition_for, run_load
-from load.profiles import Constant
+import streamlearn.loadgen.generator as generator
 from pipelines.banking import (
     CHANNELS,
     COUNTRIES,
@@ -19,6 +17,15 @@ from pipelines.banking import (
     one_hot,
 )
 from streamlearn.errors import BadEvent, ConfigError, KafkaUnavailable
+from streamlearn.loadgen.generator import (
+    MALFORMED_KINDS,
+    BankingSimulator,
+    encode_batch,
+    malformed_message,
+    partition_for,
+    run_load,
+)
+from streamlearn.loadgen.profiles import Constant
 from streamlearn.schema import reason_code
 
 DRIFT_AT = 40_000

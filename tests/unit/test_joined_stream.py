@@ -10,11 +10,11 @@ import json
 import zlib
 from types import SimpleNamespace
 
-from load.generator import BankingSimulator, encode_batch
-from load.labels import encode_label
 from streamlearn.ingest.labelled import LabelJoin
 from streamlearn.ingest.stream import decode_events, feature_width, join_window
 from streamlearn.ingest.windows import Window
+from streamlearn.loadgen.generator import BankingSimulator, encode_batch
+from streamlearn.loadgen.labels import encode_label
 from streamlearn.pipeline import load_pipeline
 
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from load import generator
-from load.generator import BankingSimulator, encode_batch, partition_for, run_load
-from load.labels import LabelDelay, LabelPlan, LabelQueue, parse_label_delay
 from streamlearn.errors import ConfigError
+from streamlearn.loadgen import generator
+from streamlearn.loadgen.generator import BankingSimulator, encode_batch, partition_for, run_load
+from streamlearn.loadgen.labels import LabelDelay, LabelPlan, LabelQueue, parse_label_delay
 
 from .test_generator import stub  # noqa: F401 -- the recording producer fixture
 

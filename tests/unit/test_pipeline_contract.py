@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import pipelines
-from load.generator import BankingSimulator
 from streamlearn.errors import BadEvent, PipelineError
+from streamlearn.loadgen.generator import BankingSimulator
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.rundir import checkpoint as ckpt
 

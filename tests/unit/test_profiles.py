@@ -1,7 +1,7 @@
 import pytest
 
-from load.profiles import ACCEPTED_FORMS, Constant, Ramp, Sine, Spike, Step, parse_profile
 from streamlearn.errors import ConfigError
+from streamlearn.loadgen.profiles import ACCEPTED_FORMS, Constant, Ramp, Sine, Spike, Step, parse_profile
 
 
 def test_constant_holds_its_rate():

@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from load.labels import LABELS_SUFFIX, LabelPlan, LabelQueue
-from load.profiles import Constant, Profile
 from pipelines.banking import CHANNELS, COUNTRIES, CURRENCIES, MERCHANT_CATEGORIES
 from streamlearn.errors import ConfigError, KafkaUnavailable
+from streamlearn.loadgen.labels import LABELS_SUFFIX, LabelPlan, LabelQueue
+from streamlearn.loadgen.profiles import Constant, Profile
 
 BASE_TIME_MS = 1_767_225_600_000  # 2026-01-01T00:00Z: a fixed origin keeps runs reproducible
 MS_PER_EVENT = 4_000  # a simulated day is 21,600 events, so any sample of a few thousand sees night and day
@@ -177,7 +177,7 @@ class BankingSimulator:
 
 def encode_batch(events: list[dict[str, Any]], with_label: bool = True) -> list[bytes]:
     """Compact JSON, ~4x faster than json.dumps; without `is_fraud` when its label comes later
-    (load/labels.py).
+    (streamlearn/loadgen/labels.py).
 
     Only for events shaped like BankingSimulator's: its strings never need JSON escaping.
     """
@@ -372,7 +372,7 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
 
     Every message is keyed by its customer id and sent to partition_for(key, partitions).
     With `labels`, events go without their label and the labels follow on `<topic>.labels`
-    (load/labels.py); run_load returns once the last label due has gone.
+    (streamlearn/loadgen/labels.py); run_load returns once the last label due has gone.
     Nothing is dropped: a full local queue is drained and retried; any message Kafka did
     not acknowledge by the end raises KafkaUnavailable.
     """
