@@ -31,6 +31,7 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 from streamlearn import metrics
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import ConfigError, KafkaUnavailable
+from streamlearn.kafka.broker import probe
 from streamlearn.logs import log
 from streamlearn.observe.config import EvaluatorConfig
 from streamlearn.observe.quality import ServedQuality
@@ -40,6 +41,8 @@ from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers, id_field
 # An inline label is on the topic when (or before) its event is scored: answers wait seconds, not
 # the days a delayed label may take.
 INLINE_TTL_S = 300.0
+# How long the evaluator waits for a broker to answer before it says none does.
+BROKER_WAIT_S = 3.0
 VERSIONS_SHOWN = 5  # per-version rows and metrics: the newest few (versions change every few seconds)
 
 
@@ -57,6 +60,11 @@ class Evaluator:
         self.lookback_s = cfg.lookback_s if cfg.lookback_s is not None else min(ttl, 3600.0)
         self.skipped: Counter[str] = Counter()  # unreadable messages, by topic side
         self.joined_since_row = 0
+        answers, why = probe(kafka.confluent(), BROKER_WAIT_S)
+        if not answers:  # librdkafka alone would wait out list_topics' 10 s, then say little
+            raise KafkaUnavailable(f"no Kafka broker answers at {kafka.bootstrap} within {BROKER_WAIT_S:g} s"
+                                   f"{f' ({why})' if why else ''}: start one (`streamlearn kafka up`) or pass "
+                                   "--bootstrap / STREAMLEARN_KAFKA_BOOTSTRAP")
         self._consumer = Consumer({**kafka.confluent(), "group.id": f"streamlearn-evaluator-{pipeline.name}",
                                    "enable.auto.commit": False, "log_level": 3, "fetch.wait.max.ms": 100})
         self._assign(time.time() - self.lookback_s)

@@ -41,7 +41,9 @@ class AnswerLog:
     def __init__(self, kafka_conf: dict[str, Any], topic: str, pipeline: str):
         self.topic, self.pipeline = topic, pipeline
         self.dropped = 0
-        self._producer = Producer({**kafka_conf, "linger.ms": 50, "acks": 1, "log_level": 3,
+        # acks=all: an answer the evaluator judges must survive a leader's failover (a bank's
+        # Kafka replicates); the producer is off the request path, so the wait costs callers nothing.
+        self._producer = Producer({**kafka_conf, "linger.ms": 50, "acks": "all", "log_level": 3,
                                    "queue.buffering.max.messages": QUEUE_MESSAGES})
 
     def publish(self, ids: list[str], version: int, scores: list[float]) -> None:
