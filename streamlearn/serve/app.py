@@ -35,6 +35,7 @@ from streamlearn.runfiles import json_safe
 from streamlearn.schema import reason_code
 from streamlearn.serve.answers import AnswerLog, id_field
 from streamlearn.serve.config import ServeConfig
+from streamlearn.serve.gate import replica_id
 from streamlearn.serve.latency import ScoringStats
 from streamlearn.serve.model_store import ModelStore
 
@@ -46,6 +47,7 @@ class ScoreResponse(BaseModel):
     version: int
     trained_through: dict[str, int]
     pipeline: str
+    replica: str  # host:pid of the replica that answered (as GET /model says): which one a caller reached
 
 
 class ErrorResponse(BaseModel):
@@ -153,6 +155,7 @@ class Scoring:
         # Bigger bodies are refused before being read: max_batch events of the largest size.
         self.max_body = cfg.max_batch * (self.pipeline.schema.max_bytes + 2) + 2
         self.stats = ScoringStats()  # this replica's recent latencies, shown by GET /model
+        self.replica = replica_id()
 
     async def answer(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -199,7 +202,7 @@ class Scoring:
         if self.answers is not None:  # a non-blocking hand-off to librdkafka's queue (serve/answers.py)
             self.answers.publish([str(event[self.answer_id]) for event in valid], served.version, scores)
         body = {"scores": scores, "version": served.version, "trained_through": served.trained_through,
-                "pipeline": pipeline.name}
+                "pipeline": pipeline.name, "replica": self.replica}
         return Response(json.dumps(body), media_type="application/json")  # skips FastAPI's slow encoder
 
 

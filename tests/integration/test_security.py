@@ -123,6 +123,21 @@ def test_wrong_password_fails_fast_and_once(secure_kafka):
     assert 2 <= refused <= 4, f"{refused} failed logins for 2 attempts: a retry storm"
 
 
+def test_an_unknown_user_fails_fast_and_is_named(secure_kafka):
+    """A user the broker never heard of is refused like a wrong password: at once, naming the user,
+    not after librdkafka's reconnects (SCRAM does not tell the two apart, and neither may we)."""
+    stranger = secure_kafka.client_settings("mallory", SecretStr(WRONG_PASSWORD))
+    before = failed_logins(secure_kafka)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="authentication failed") as caught:
+        require_broker(stranger)
+    assert time.monotonic() - started < 5.0, "the client retried instead of giving up on an unknown user"
+    assert "'mallory'" in str(caught.value) and "SCRAM-SHA-512" in str(caught.value)
+    assert_no_secret("the error message", str(caught.value))
+    time.sleep(3.0)
+    assert 1 <= failed_logins(secure_kafka) - before <= 2, "a retry storm for one attempt"
+
+
 def test_certificate_from_another_ca_is_refused(secure_kafka, tmp_path):
     stranger = make_tls(tmp_path / "other-ca")["ca"]
     untrusting = secure_kafka.client_settings("trainer").model_copy(update={"ssl_cafile": str(stranger)})

@@ -37,7 +37,8 @@ SWAPS = 6  # the issue asks for 5 or more
 
 
 class Client(threading.Thread):
-    """One keep-alive connection sending request after request: (sent, received, status, version)."""
+    """One keep-alive connection sending request after request: (sent, received, status, version,
+    the replica that answered)."""
 
     def __init__(self, url: str):
         super().__init__(daemon=True)
@@ -49,10 +50,11 @@ class Client(threading.Thread):
                 sent = time.monotonic()
                 try:
                     r = client.post("/score", json=EVENT)
-                    version = r.json().get("version") if r.status_code == 200 else None
-                    self.results.append((sent, time.monotonic(), r.status_code, version))
+                    body = r.json() if r.status_code == 200 else {}
+                    self.results.append((sent, time.monotonic(), r.status_code, body.get("version"),
+                                         body.get("replica")))
                 except httpx.HTTPError as e:
-                    self.results.append((sent, time.monotonic(), repr(e), None))
+                    self.results.append((sent, time.monotonic(), repr(e), None, None))
 
 
 def backwards(results: list[tuple]) -> list[tuple]:
@@ -76,6 +78,9 @@ def test_two_replicas_serve_one_version_at_a_time_through_swaps(kafka, kafka_set
     failed = [r for r in results if r[2] != 200]
     assert not failed, f"{len(failed)} of {len(results)} requests failed, e.g. {failed[:3]}"
     _assert_one_version_at_a_time(results, cfg)
+    # The guarantee is between replicas: both answered, and each served several versions.
+    by_replica = {r[4]: {v for *_, v, rep in results if rep == r[4]} for r in results if r[4]}
+    assert len(by_replica) == 2 and all(len(v) >= 2 for v in by_replica.values()), by_replica
 
 
 def test_a_replica_killed_mid_swap_is_replaced_without_a_version_going_back(kafka, kafka_settings, ray_cluster,
@@ -101,6 +106,9 @@ def test_a_replica_killed_mid_swap_is_replaced_without_a_version_going_back(kafk
     _assert_one_version_at_a_time(results, cfg)
     killed_pid = int(mark(cfg).read_text().split()[-1])
     assert len(alive) == 2 and killed_pid not in alive, f"replica {killed_pid} was not replaced: {alive}"
+    # Callers reached the killed replica before its death, and its replacement after it.
+    answered_by = {int(r[4].rsplit(":", 1)[1]) for r in results if r[4]}
+    assert killed_pid in answered_by and set(alive) <= answered_by, (killed_pid, alive, answered_by)
     assert_exactly_once(kafka_settings, cfg)  # the trainer beside it: counts, fingerprint, dead letters once
 
 
@@ -163,7 +171,7 @@ def _serve_through_swaps(kafka, kafka_settings, topic, tmp_path, ray_cluster, ki
         shutdown()
     results = [r for c in clients for r in c.results]
     for client in clients:  # each caller's own answers never go back
-        own = [v for *_, v in client.results if v is not None]
+        own = [r[3] for r in client.results if r[3] is not None]
         assert own == sorted(own)
     return results, cfg, alive
 
