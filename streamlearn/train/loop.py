@@ -100,6 +100,7 @@ class Worker:
     stream: Stream
     learner: Learner
     lineage: Lineage | None = None
+    restored_from: int | None = None  # the checkpoint version this group started from, if any
     coordinator: Coordinator | None = None  # rank 0
     writer: CheckpointWriter | None = None  # rank 0
     reporter: Reporter | None = None
@@ -167,6 +168,8 @@ class Worker:
             if restored[1]:
                 self.learner.optimizer.load_state_dict(restored[1])
         self.lineage = lineage = broadcast(_lineage(cfg, stream, restored) if rank == 0 else None, rank)
+        # Each checkpoint names the version its group started from: a restore shows in the lineage.
+        self.restored_from = int(restored[2]["version"]) if restored else None
         if restored and rank == 0:
             _complete_restored(cfg, stream, restored[2])
         self.startup.mark("restored")
@@ -262,7 +265,7 @@ class Worker:
         lineage.dlq_positions = _dead_letter_positions(lineage.dlq_positions, [w[-1] for w in windows],
                                                        self.stream.dead_letters.end_at_start)
         meta = {**lineage.to_meta(), "pipeline": pipeline.describe(), "metrics": metrics, "written_at": time.time(),
-                "workers": self.world}
+                "workers": self.world, "restored_from": self.restored_from}
         if evidence is not None:  # events learned since the previous version, for the scorer's gate
             meta["evidence"] = {"events": len(evidence["targets"]), "after_version": lineage.version - 1}
         join = _join_meta(pipeline, meta, metrics, lineage, join_state) if join_state is not None else None

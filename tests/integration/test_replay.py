@@ -48,6 +48,10 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
 
     model_a, opt_a, meta_a = _final_state(clean)
     model_b, opt_b, meta_b = _final_state(killed)
+    # A restore, not a deterministic rerun from offset 0: the group after the kill started from a
+    # checkpoint the first group wrote mid-run.
+    assert meta_a["restored_from"] is None
+    assert 0 < meta_b["restored_from"] < meta_b["version"], meta_b["restored_from"]
     assert meta_b["offsets"] == meta_a["offsets"]
     assert meta_b["counters"] == meta_a["counters"]
     assert_exactly_once(kafka_settings, killed)  # and both equal what is really in the topic
