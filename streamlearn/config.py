@@ -116,7 +116,7 @@ class TrainConfig:
     # Rank 0's newest events per checkpoint, with their predict-then-learn scores, that the scorer's
     # gate judges the checkpoint on against the served model (train/evidence.py); 0: none kept.
     gate_evidence: int = 4096
-    drift: bool = True  # rank 0's drift detectors (train/drift.py); off saves ~0.6 us an event on rank 0
+    drift: bool = True  # rank 0's drift detectors (train/drift.py); off saves ~0.5 us an event on rank 0 (§21)
     warm_pool: bool = True  # start a resize's processes ahead of it, imports done (autoscale/warmpool.py)
     seed: int = 0
     timeline: str = ""  # opt-in Chrome-trace file of where each rank spends its time
