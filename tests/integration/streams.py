@@ -25,7 +25,7 @@ def read_topic(settings: KafkaSettings, topic: str) -> list[Message]:
 
 def expected_learning(messages: list[Message]) -> dict:
     """What exactly-once training of these messages must report: counts and the fingerprint."""
-    valid, bad, fp = 0, Counter(), 0
+    valid, bad, fp, letters = 0, Counter(), 0, {}
     for m in messages:
         try:
             TRANSACTION.decode(m.value)
@@ -33,8 +33,9 @@ def expected_learning(messages: list[Message]) -> dict:
             fp += zlib.crc32(m.value)
         except BadEvent as e:
             bad[reason_code(e.reason)] += 1
+            letters[(m.partition, m.offset)] = (reason_code(e.reason), m.value)
     return {"learned": valid, "dead_lettered": sum(bad.values()), "bad_by_reason": bad,
-            "fingerprint": fp % FINGERPRINT_MOD}
+            "fingerprint": fp % FINGERPRINT_MOD, "letters": letters}
 
 
 def read_stamped(settings: KafkaSettings, topic: str) -> list[tuple[int, int, float, bytes]]:
@@ -45,3 +46,9 @@ def read_stamped(settings: KafkaSettings, topic: str) -> list[tuple[int, int, fl
 
 def dead_letter_keys(settings: KafkaSettings, topic: str) -> list[bytes]:
     return [m.key() for m in read_whole_topic(settings, topic)]
+
+
+def dead_letters(settings: KafkaSettings, topic: str) -> dict[bytes, tuple[str, bytes]]:
+    """Each dead letter's key ("<topic>:<partition>:<offset>") -> (its reason's code, the bytes it carries)."""
+    return {m.key(): (reason_code(dict(m.headers() or [])["reason"].decode()), m.value())
+            for m in read_whole_topic(settings, topic)}

@@ -8,12 +8,13 @@ import shutil
 import pytest
 
 from streamlearn.config import TrainConfig
+from streamlearn.ingest.deadletter import dead_letter_key
 from streamlearn.kafka.admin import committed_offsets, end_offsets
 from streamlearn.loadgen.generator import run_load
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
-from .streams import dead_letter_keys, expected_learning, read_topic
+from .streams import dead_letter_keys, dead_letters, expected_learning, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +53,10 @@ def assert_exactly_once(settings, cfg: TrainConfig) -> dict:
     assert counters["fingerprint"] == expected["fingerprint"]
     keys = dead_letter_keys(settings, cfg.dlq_topic)
     assert len(keys) == len(set(keys)) == expected["dead_lettered"]
+    # Each bad event once, with its own bytes and the reason the schema gives it (a replay that
+    # re-sent a letter with another reason, or mixed up bytes, shows here).
+    want = {dead_letter_key(cfg.topic, p, o): letter for (p, o), letter in expected["letters"].items()}
+    assert dead_letters(settings, cfg.dlq_topic) == want
     # Consumer-group offsets follow the checkpoint (committed only after it is durable).
     assert committed_offsets(settings, cfg.group_id, cfg.topic) == {int(p): o for p, o in meta["offsets"].items()}
     return meta
