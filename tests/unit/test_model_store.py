@@ -411,16 +411,22 @@ def test_replicas_switch_at_the_announced_moment(run_dir):
     assert a.late_swaps == b.late_swaps == late.late_swaps == 0
 
 
-def test_two_approvals_judged_at_once_are_served_in_turn(run_dir, monkeypatch):
-    """Replica a judges v2 while b, which listed v3 too, judges v3: two approvals, two moments.
-    b read no decision on v2 before judging and queued v3 alone, so between the two moments it
-    answered v1 while a answered v2 (CI: a caller saw v36, then v35). Every step is served in turn."""
-    a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=1.5, poll_interval_s=0.1) for _ in range(2))
+def _two_replicas_serving_v1(run_dir, swap_delay_s: float) -> tuple[ModelStore, ModelStore]:
+    """Two replicas that both serve v1, its moment passed."""
+    a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=swap_delay_s, poll_interval_s=0.1) for _ in range(2))
     write_checkpoint(run_dir, 1)
     a.poll_once()
     b.poll_once()
     time.sleep(max(0.0, a.ledger.read(1).serve_at - time.time()) + 0.01)
     assert a.serving().version == b.serving().version == 1
+    return a, b
+
+
+def test_two_approvals_judged_at_once_are_served_in_turn(run_dir, monkeypatch):
+    """Replica a judges v2 while b, which listed v3 too, judges v3: two approvals, two moments.
+    b read no decision on v2 before judging and queued v3 alone, so between the two moments it
+    answered v1 while a answered v2 (CI: a caller saw v36, then v35). Every step is served in turn."""
+    a, b = _two_replicas_serving_v1(run_dir, swap_delay_s=1.5)
     held = {a: threading.Event(), b: threading.Event()}
     judging = {a: threading.Event(), b: threading.Event()}
     for store in (a, b):
@@ -562,12 +568,7 @@ def test_retention_keeps_what_a_new_replica_must_serve(run_dir):
 def test_a_replica_whose_poller_is_late_still_switches_at_the_moment(run_dir):
     """A replica's poll thread starved past the moment (a loaded host: CI saw one answer v38 after
     the other had answered v39) must not answer with the old version: the request reads the ledger."""
-    a, b = (ModelStore(FRAUD, run_dir, swap_delay_s=0.4, poll_interval_s=0.1) for _ in range(2))
-    write_checkpoint(run_dir, 1)
-    a.poll_once()
-    b.poll_once()
-    time.sleep(max(0.0, a.ledger.read(1).serve_at - time.time()) + 0.01)
-    assert a.serving().version == b.serving().version == 1
+    a, b = _two_replicas_serving_v1(run_dir, swap_delay_s=0.4)
     b.poll_once()
     write_checkpoint(run_dir, 2)
     a.poll_once()  # decides v2; b's poller never runs again in this test
