@@ -49,6 +49,14 @@ LABEL = Schema(
     max_bytes=160,  # join.LABEL_BYTES: a waiting label is kept whole for its dead letter
 )
 
+# A chargeback or fraud claim (delayed feedback, pipelines/fraud_chargebacks.py): the label, and
+# where its transaction is in the events topic (a bank's report names the transaction it disputes).
+REPORT = Schema(
+    name="banking_report",
+    fields=(*LABEL.fields, Field("partition", "int", min=0, max=1_000_000),
+            Field("offset", "int", min=0, max=2**62)),
+    max_bytes=200,
+)
 
 def one_hot(values: list[str], vocabulary: tuple[str, ...]) -> np.ndarray:
     index = {v: i for i, v in enumerate(vocabulary)}

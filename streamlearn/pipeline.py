@@ -67,6 +67,37 @@ class JoinedLabels:
                               f"no chargeback, no fraud) or None; got {self.unlabelled_as}")
 
 
+@dataclass(frozen=True)
+class DelayedFeedback(JoinedLabels):
+    """A target a bank hears of late or never (a chargeback, weeks after the payment): every event
+    is learned at once with the silent answer, `unlabelled_as` (required: 0.0, legitimate), with no
+    waiting state; a report on `<topic><suffix>` that gives the other answer, however late, makes
+    the trainer learn its event again with it (streamlearn/ingest/feedback.py). A report names
+    its event by `key` and by its Kafka coordinates in the events topic (fields `partition` and
+    `offset`): the trainer re-reads the event there, checks its `key`, and dead-letters a report
+    whose event is unknown, past the topic's retention, or already reported.
+
+    The learned stream then counts each reported event twice, once as a fake negative; `correction`
+    says how the loss makes up for it: "fnw" (fake negative weighted, Ktena et al. 2019: each
+    row weighted so the model estimates the true probability; train/feedback.py) or "none".
+    `ttl_s` is the attribution window of the quality signals only (an answer counts once its
+    report came or this window ended: observe/evaluator.py); the trainer never waits on it."""
+
+    correction: str = "fnw"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.unlabelled_as is None:
+            raise ConfigError("delayed feedback learns every event at once with the silent answer: set "
+                              "unlabelled_as (e.g. 0.0: no chargeback, no fraud)")
+        if self.correction not in ("fnw", "none"):
+            raise ConfigError(f"delayed feedback's correction is 'fnw' or 'none', got {self.correction!r}")
+        fields = {f.name for f in self.schema.fields}
+        if not {"partition", "offset"} <= fields:
+            raise ConfigError(f"report schema {self.schema.name!r} needs the fields 'partition' and 'offset' "
+                              f"(its event's place in the events topic); it has {sorted(fields)}")
+
+
 class Pipeline(ABC):
     name: ClassVar[str]
     version: ClassVar[str]
@@ -74,7 +105,8 @@ class Pipeline(ABC):
     schema: ClassVar[Schema]
     learning_rate: ClassVar[float] = 1e-3
     # None: each event carries its own target (`targets`). JoinedLabels: the target comes later
-    # on its own topic and `label_targets` reads it from the label messages.
+    # on its own topic and `label_targets` reads it from the label messages. DelayedFeedback (a
+    # JoinedLabels): the silent answer at once, a report's answer when it comes.
     labels: ClassVar[JoinedLabels | None] = None
     # Feature columns the drift detectors watch (train/drift.py), by the name alarms give them.
     # None: every column, as x0, x1, ...; {}: none. Leave out what moves by design (time of day).
@@ -121,7 +153,10 @@ class Pipeline(ABC):
 
     def describe(self) -> dict[str, Any]:
         labels = "inline" if self.labels is None else f"joined from <topic>{self.labels.suffix}"
-        if self.labels is not None and self.labels.unlabelled_as is not None:
+        if isinstance(self.labels, DelayedFeedback):
+            labels = (f"{self.labels.unlabelled_as:g} at once, corrected by reports on <topic>{self.labels.suffix} "
+                      f"({self.labels.correction})")
+        elif self.labels is not None and self.labels.unlabelled_as is not None:
             labels += f", {self.labels.unlabelled_as:g} when none comes within {self.labels.ttl_s:g} s"
         return {"name": self.name, "version": self.version, "task": self.task, "labels": labels}
 

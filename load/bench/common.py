@@ -31,7 +31,7 @@ from typing import Any
 from load.bench.tables import section_table
 from streamlearn.config import REPO_ROOT, KafkaSettings, TrainConfig
 from streamlearn.errors import BadEvent
-from streamlearn.ingest.stream import FINGERPRINT_MOD
+from streamlearn.ingest.decode import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka
 from streamlearn.pipeline import load_pipeline

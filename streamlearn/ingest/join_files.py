@@ -152,6 +152,18 @@ class JoinFiles:
         return self._segment(directory, key, rows, segs[0].lo if segs else lo, hi)
 
 
+class WholeArrays:
+    """`JoinFiles` for a state small enough to write whole each checkpoint (delayed feedback's
+    reported offsets): one join.npz, no segments, restored by `checkpoint.load_arrays` as is."""
+
+    def write(self, directory: Path, arrays: dict[str, np.ndarray]) -> tuple[None, dict[str, str]]:
+        np.savez(directory / ARRAYS, **arrays)
+        return None, {}
+
+    def published(self, directory: Path) -> None:
+        pass
+
+
 def _link(source: Path, target: Path) -> None:
     """A hard link; a copy where the filesystem has none (the bytes are the same, the disk not)."""
     try:

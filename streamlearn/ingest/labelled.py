@@ -33,13 +33,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from streamlearn.ingest.join import JoinState, by_partition
+from streamlearn.ingest.decode import Batch, Decoded
+from streamlearn.ingest.join import JoinState, by_partition, join_keys
 from streamlearn.ingest.reader import Message
-from streamlearn.pipeline import JoinedLabels
+from streamlearn.ingest.windows import Window
+from streamlearn.pipeline import JoinedLabels, Pipeline
 
 LABEL_WITHOUT_EVENT = "label_without_event: no event with this id within the TTL ({ttl:g} s)"
 DUPLICATE_LABEL = "duplicate_label: a label for this event id is already waiting"
@@ -89,6 +92,27 @@ class LabelJoin:
         self.clocks: dict[int, np.ndarray] = {}  # partition -> [newest event time, newest label time]
         self.written: dict[int, dict[str, int]] = {}  # partition -> side -> arrivals before it are on disk
         self._late_reason = LABEL_WITHOUT_EVENT.format(ttl=spec.ttl_s)
+
+    def batch(self, pipeline: Pipeline, window: Window, events: Decoded, label_messages: list) -> Batch:
+        """A slice's events wait for their labels and its labels find their events; the batch is
+        what joined, with the bad and unjoined labels, and at a checkpoint window the join state
+        right after it."""
+        spec = pipeline.labels
+        keys = join_keys(list(map(itemgetter(spec.key), events.events)))
+        label_values = [m.value() for m in label_messages]
+        found, lkept, lbad = spec.schema.decode_columns(label_values)
+        bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), label_values[i]), reason)
+                      for i, reason in sorted(lbad)]
+        labels = _labels_by_partition(label_messages, label_values, lkept, join_keys(found[spec.key]),
+                                      pipeline.label_targets(found))
+        out = self.window(_events_by_partition(events.messages, events.values, events.kept, keys, events.x,
+                                               events.crcs), labels)
+        features = np.concatenate([events.x[:0], *out.features])
+        targets = np.concatenate([np.empty(0, np.float32), *out.targets])
+        crcs = np.concatenate([np.empty(0, np.uint32), *out.crcs])
+        return Batch(window, features, targets, crcs, events.dead + out.dead_events,
+                     bad_labels=bad_labels + out.dead_labels, expired=out.expired, defaulted=out.defaulted,
+                     join_delta=self.delta() if window.checkpoint else None)
 
     def window(self, events: dict[int, Events], labels: dict[int, Labels]) -> Outcome:
         out = Outcome()
@@ -179,9 +203,62 @@ class LabelJoin:
                 self.clocks[p] = rows["clock"].astype(np.float64)
                 self.written[p] = written
 
+    def close(self) -> None:
+        pass  # nothing of its own to let go (ReportFeedback has a reader)
+
 
 def _messages(rows: dict[str, np.ndarray], reason: str) -> list[tuple[Message, str]]:
     if not rows or not len(rows.get("offset", ())):
         return []
     columns = (rows["partition"].tolist(), rows["offset"].tolist(), rows["value"].tolist())
     return [(Message(int(p), int(o), bytes(v)), reason) for p, o, v in zip(*columns, strict=True)]
+
+
+def _each(messages: list, method: str) -> list:
+    """`[m.<method>() for m in messages]` in one C loop, through the messages' own class
+    (confluent-kafka's, or a test's): partition() over 200k messages took 0.033 µs each this
+    way against 0.064 µs in a generator expression (measured)."""
+    return list(map(getattr(type(messages[0]), method), messages)) if messages else []
+
+
+def _by_partition(messages: list, kept: list[int]):
+    """Per partition: (partition, its rows of `kept`, their indexes in `messages`, their Kafka
+    timestamps in s)."""
+    kept_at = np.asarray(kept, np.int64)
+    partitions = np.asarray(_each(messages, "partition"), np.int32)[kept_at]
+    stamps = np.fromiter(map(itemgetter(1), _each(messages, "timestamp")), np.float64, len(messages))
+    t = stamps[kept_at] / 1000.0
+    for p in np.unique(partitions).tolist():
+        rows = np.flatnonzero(partitions == p)
+        yield p, rows, kept_at[rows], t[rows]
+
+
+def _events_by_partition(messages: list, values: list[bytes], kept: list[int], keys: np.ndarray, x: np.ndarray,
+                         crcs: np.ndarray) -> dict[int, Events]:
+    """A window's valid events split by partition, with their Kafka timestamps (s)."""
+    out = {}
+    for p, rows, at, t in _by_partition(messages, kept):
+
+        def message(row: int, at=at) -> Message:  # only for a dead letter: rare
+            i = int(at[row])
+            return Message(messages[i].partition(), messages[i].offset(), values[i])
+
+        out[p] = Events(keys[rows], x[rows], crcs[rows], t, message)
+    return out
+
+
+def _labels_by_partition(messages: list, values: list[bytes], kept: list[int], keys: np.ndarray,
+                         targets: np.ndarray) -> dict[int, Labels]:
+    """A window's valid labels split by partition. Offsets and bytes are looked up only for the
+    labels that wait or leave unjoined (most join at once)."""
+    out = {}
+    for p, rows, at, t in _by_partition(messages, kept):
+
+        def offsets(wanted: np.ndarray, at=at) -> list[int]:
+            return [messages[i].offset() for i in at[wanted].tolist()]
+
+        def raw(wanted: np.ndarray, at=at) -> list[bytes]:
+            return [values[i] for i in at[wanted].tolist()]
+
+        out[p] = Labels(keys[rows], targets[rows], offsets, raw, t)
+    return out

@@ -12,9 +12,10 @@ receive decoded windows through `streaming_split(equal=False)`, in whatever orde
 whatever rank Ray Data hands them out.
 
 With joined labels (`fraud_delayed`), a lane also reads its partitions of `<topic>.labels` and
-joins them in the lane, in a `LabelJoin` that lives as long as the lane: windows with labels go
-by partition and the lanes are fixed for the Dataset's life, so partition p of both topics is
-always joined by lane p % lanes, as a rank joins it in the direct path. The lane takes the
+joins them in the lane, in a `LabelJoin` (delayed feedback: a `ReportFeedback`) that lives as
+long as the lane: windows with labels go by partition and the lanes are fixed for the Dataset's
+life, so partition p of both topics is always joined by lane p % lanes, as a rank joins it in
+the direct path. The lane takes the
 checkpoint's join state from the feed before its first window, and puts its state into the
 row of every checkpoint window (the ranks gather it into the checkpoint). A lane that Ray Data
 ran again would start from a stale state: it rereads a window already delivered, and the ranks
@@ -43,9 +44,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
-from streamlearn.ingest.labelled import LabelJoin
+from streamlearn.ingest.decode import Batch, decode_events, featurize
+from streamlearn.ingest.feedback import make_join
 from streamlearn.ingest.reader import Message, RangeReader
-from streamlearn.ingest.stream import Batch, decode_events, feature_width, featurize, join_window
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
 
@@ -156,7 +157,7 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
     spec = pipeline.labels
     events = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
     labels = RangeReader(settings, topic + spec.suffix, group_id, fetch_timeout_s=fetch_timeout_s)
-    join = LabelJoin(spec, feature_width(pipeline), len(events.partitions()))
+    join = make_join(pipeline, settings, topic, group_id, len(events.partitions()))
     seq = None
     try:
         while True:
@@ -175,7 +176,7 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
             if messages is None or label_messages is None:
                 return
             read_s = time.perf_counter() - started
-            batch = join_window(pipeline, join, window, decode_events(pipeline, messages), label_messages)
+            batch = join.batch(pipeline, window, decode_events(pipeline, messages), label_messages)
             row = _decoded_row(seq, batch, len(messages) + len(label_messages) + 1, read_s,
                                time.perf_counter() - started - read_s)
             yield pa.Table.from_pylist([row], schema=DECODED)
@@ -184,6 +185,7 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
     finally:
         events.close()
         labels.close()
+        join.close()
 
 
 def _read(reader: RangeReader, ranges: dict[int, tuple[int, int]], feed) -> list | None:
@@ -264,7 +266,7 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
            "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
-           "expired": batch.expired, "defaulted": batch.defaulted, "join": join}
+           "expired": batch.expired, "defaulted": batch.defaulted, "ignored": batch.ignored, "join": join}
     for prefix, dead in (("bad", batch.bad), ("bad_label", batch.bad_labels)):
         row.update({f"{prefix}_partition": [m.partition for m, _ in dead],
                     f"{prefix}_offset": [m.offset for m, _ in dead],
@@ -289,7 +291,8 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("bad_value", pa.list_(pa.binary())),
                      ("bad_label_partition", pa.list_(pa.int32())), ("bad_label_offset", pa.list_(pa.int64())),
                      ("bad_label_reason", pa.list_(pa.string())), ("bad_label_value", pa.list_(pa.binary())),
-                     ("expired", pa.int64()), ("defaulted", pa.int64()), ("join", pa.large_binary()),
+                     ("expired", pa.int64()), ("defaulted", pa.int64()), ("ignored", pa.int64()),
+                     ("join", pa.large_binary()),
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 

@@ -38,8 +38,8 @@ from streamlearn.config import KafkaSettings
 from streamlearn.errors import IngestError
 from streamlearn.ingest import raydata_source as source
 from streamlearn.ingest.deadletter import DeadLetters
+from streamlearn.ingest.decode import Batch, featurize
 from streamlearn.ingest.reader import Message, RangeReader
-from streamlearn.ingest.stream import Batch, featurize
 from streamlearn.ingest.windows import Window
 from streamlearn.logs import log
 from streamlearn.phases import Phases
@@ -250,7 +250,7 @@ class RayDataStream:
     def _batch(self, window: Window, rows: list[dict]) -> Batch:
         x0, y0 = self._empty
         xs, ys, crcs, bad, bad_labels, join = [x0], [y0], [np.empty(0, np.uint32)], [], [], None
-        expired = defaulted = 0
+        expired = defaulted = ignored = 0
         for r in rows:
             y = np.frombuffer(r["y"], dtype=r["y_dtype"])
             xs.append(np.frombuffer(r["x"], dtype=r["x_dtype"]).reshape(len(y), *x0.shape[1:]))
@@ -260,6 +260,7 @@ class RayDataStream:
             bad_labels.extend(_dead(r, "bad_label"))
             expired += r["expired"]
             defaulted += r["defaulted"]
+            ignored += r["ignored"]
             if (state := source.read_join_state(r)) is not None:  # a checkpoint window: each lane's state
                 join = {**(join or {}), **state}
             self.stats["read_s"] += r["read_s"]
@@ -267,7 +268,7 @@ class RayDataStream:
             self.stats["slices"] += 1
         # Copies: frombuffer views are read-only, and torch wants writable arrays.
         return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad,
-                     bad_labels=bad_labels, expired=expired, defaulted=defaulted,
+                     bad_labels=bad_labels, expired=expired, defaulted=defaulted, ignored=ignored,
                      join_delta=(join or {}) if window.checkpoint and self.label_topic is not None else None)
 
     def ingest_stats(self) -> dict:

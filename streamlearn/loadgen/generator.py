@@ -349,10 +349,11 @@ def _check_topic(producer: Producer, bootstrap: str, topic: str, partitions: int
                           f"{len(found.partitions)} so partition_for() agrees with the topic")
 
 
-def _produce(producer: Producer, topic: str, value: bytes, key: bytes, partition: int, failures: list[str]) -> None:
+def _produce(producer: Producer, topic: str, value: bytes, key: bytes, partition: int, failures: list[str],
+             **callback) -> None:
     while True:
         try:
-            producer.produce(topic, value, key, partition=partition)
+            producer.produce(topic, value, key, partition=partition, **callback)
             return
         except BufferError:  # librdkafka's queue is full: let it drain, never drop
             producer.poll(0.01)
@@ -390,12 +391,22 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
 
     config = {**_PRODUCER_DEFAULTS, **(producer_config or {}),
               "bootstrap.servers": bootstrap, "on_delivery": on_delivery}
+    if labels is not None and labels.fraud_only:  # a chargeback names its event's offset: from its delivery report
+        config["delivery.report.only.error"] = False
     producer = Producer(config)
     _check_topic(producer, bootstrap, topic, partitions)
     labels_topic = topic + LABELS_SUFFIX
     label_queue = LabelQueue(labels, seed) if labels else None
     if label_queue is not None:
         _check_topic(producer, bootstrap, labels_topic, partitions)
+
+    def reported(event_id: str):
+        def on_delivered(err, msg) -> None:
+            if err is not None:
+                failures.append(str(err))
+            else:
+                label_queue.delivered(event_id, msg.offset())
+        return {"on_delivery": on_delivered}
 
     def send_due_labels(now: float) -> int:
         due = label_queue.due(now) if label_queue is not None else []
@@ -426,7 +437,7 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             labelled: tuple[list, list, list] = ([], [], [])  # the valid events sent: their labels follow
             for event, value in zip(events, encode_batch(events, with_label=label_queue is None), strict=True):
                 key = event["customer_id"].encode()
-                partition = partition_for(key, partitions)
+                partition, callback = partition_for(key, partitions), {}
                 if int((sent + 1) * bad_fraction) > int(sent * bad_fraction):  # evenly spread, exact share
                     value, code = malformed_message(bad_rng, bad, run=seed)
                     bad += 1
@@ -434,7 +445,9 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
                 elif label_queue is not None:
                     for column, item in zip(labelled, (event, key, partition), strict=True):
                         column.append(item)
-                _produce(producer, topic, value, key, partition, failures)
+                    if labels.fraud_only and event["is_fraud"]:  # its chargeback names the offset it gets
+                        callback = reported(event["event_id"])
+                _produce(producer, topic, value, key, partition, failures, **callback)
                 per_partition[partition] += 1
                 sent += 1
             if label_queue is not None:  # delays count from when the chunk's last event went, not from `now`:
@@ -448,7 +461,7 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
         while label_queue is not None and len(label_queue):  # the events are out; their labels keep their delays
             labels_sent += send_due_labels(time.monotonic())
             wait = label_queue.next_due() - time.monotonic() if len(label_queue) else 0.0
-            producer.poll(min(max(wait, 0.0), _SLICE_S * 10))
+            producer.poll(min(max(wait, 0.001), _SLICE_S * 10))  # serves the delivery reports a due report waits on
             if failures:
                 raise KafkaUnavailable(f"Kafka at {bootstrap} did not take labels: {failures[0]}")
         unsent = producer.flush(float(config["delivery.timeout.ms"]) / 1000 + 5)

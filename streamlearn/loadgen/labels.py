@@ -6,6 +6,11 @@ delay drawn from the plan's distribution, its label to `<topic>.labels`:
 
     {"event_id": "41-1234", "label": true, "label_time": 1700000012345}
 
+and with `fraud_only` (a chargeback) also its event's place in the events topic, `"partition": 2,
+"offset": 81234`, as a bank's chargeback names the transaction it disputes: a pipeline with
+delayed feedback re-reads the event there (streamlearn/ingest/feedback.py). Such a label goes once
+the broker has acknowledged its event (its delivery report holds the offset), never before.
+
 keyed and partitioned like its event (the same customer id, so partition p of the labels topic
 carries exactly the labels of partition p's events: a trainer rank that reads an event partition
 finds its labels in the same partition number). `unlabelled_fraction` of the events never get
@@ -32,7 +37,8 @@ _BOOL = ("false", "true")
 
 @dataclass(frozen=True)
 class LabelDelay:
-    """Seconds from an event to its label: `fixed:S`, `uniform:A:B` or `exp:MEAN` (exponential)."""
+    """Seconds from an event to its label: `fixed:S`, `uniform:A:B`, `exp:MEAN` (exponential) or
+    `lognormal:MEDIAN:SIGMA` (a chargeback's heavy tail: most within days, some after weeks)."""
 
     kind: str
     a: float
@@ -43,21 +49,24 @@ class LabelDelay:
             return np.full(n, self.a)
         if self.kind == "uniform":
             return rng.uniform(self.a, self.b, n)
+        if self.kind == "lognormal":
+            return self.a * rng.lognormal(0.0, self.b, n)
         return rng.exponential(self.a, n)
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind == "uniform" else "")
+        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind in ("uniform", "lognormal") else "")
 
 
 def parse_label_delay(spec: str) -> LabelDelay:
     """`fixed:2`, `uniform:1:30` or `exp:5` -> LabelDelay; a clear ConfigError for anything else."""
-    usage = "a label delay is fixed:SECONDS, uniform:MIN:MAX or exp:MEAN_SECONDS (e.g. exp:5)"
+    usage = ("a label delay is fixed:SECONDS, uniform:MIN:MAX, exp:MEAN_SECONDS or lognormal:MEDIAN_SECONDS:SIGMA "
+             "(e.g. exp:5)")
     kind, *args = spec.strip().split(":")
     try:
         values = [float(a) for a in args]
     except ValueError:
         raise ConfigError(f"label delay {spec!r}: {usage}") from None
-    shapes = {"fixed": 1, "uniform": 2, "exp": 1}
+    shapes = {"fixed": 1, "uniform": 2, "exp": 1, "lognormal": 2}
     if kind not in shapes or len(values) != shapes[kind]:
         raise ConfigError(f"label delay {spec!r}: {usage}")
     if any(v < 0 or not np.isfinite(v) for v in values) or (kind == "uniform" and values[0] > values[1]):
@@ -76,8 +85,10 @@ class LabelPlan:
             raise ConfigError(f"unlabelled_fraction is a share of events in [0, 1], got {self.unlabelled_fraction}")
 
 
-def encode_label(event_id: str, label: bool, label_time: int) -> bytes:
-    return f'{{"event_id":"{event_id}","label":{_BOOL[label]},"label_time":{label_time}}}'.encode()
+def encode_label(event_id: str, label: bool, label_time: int, at: tuple[int, int] | None = None) -> bytes:
+    """A label; with `at`, (partition, offset) of its event: a report (delayed feedback)."""
+    where = f',"partition":{at[0]},"offset":{at[1]}' if at is not None else ""
+    return f'{{"event_id":"{event_id}","label":{_BOOL[label]},"label_time":{label_time}{where}}}'.encode()
 
 
 class LabelQueue:
@@ -86,7 +97,9 @@ class LabelQueue:
     def __init__(self, plan: LabelPlan, seed: int):
         self.plan = plan
         self._rng = np.random.default_rng([seed, 0x1ABE1])  # apart from the simulator's own draws
-        self._heap: list[tuple[float, int, bytes, bytes, int]] = []
+        self._heap: list[tuple[float, int, tuple, bytes, int]] = []
+        # With fraud_only: event id -> offset, from the events' delivery reports (`delivered`).
+        self.offsets: dict[str, int] = {}
         self._order = 0  # ties in due time leave in the order their events went
         self.unlabelled = 0
 
@@ -103,16 +116,27 @@ class LabelQueue:
                                                       strict=True):
             if skip:
                 continue
-            value = encode_label(event["event_id"], event["is_fraud"], event["event_time"] + round(delay * 1000))
-            heapq.heappush(self._heap, (sent_at + delay, self._order, value, key, partition))
+            label = (event["event_id"], event["is_fraud"], event["event_time"] + round(delay * 1000))
+            heapq.heappush(self._heap, (sent_at + delay, self._order, label, key, partition))
             self._order += 1
 
+    def delivered(self, event_id: str, offset: int) -> None:
+        """An event's delivery report: a report names where its event is."""
+        self.offsets[event_id] = offset
+
     def due(self, now: float) -> list[tuple[bytes, bytes, int]]:
-        """(value, key, partition) of every label due by `now`, in due order."""
+        """(value, key, partition) of every label due by `now`, in due order. With fraud_only, a
+        label whose event the broker has not acknowledged yet waits for it (in its turn)."""
         out = []
         while self._heap and self._heap[0][0] <= now:
-            _, _, value, key, partition = heapq.heappop(self._heap)
-            out.append((value, key, partition))
+            label, key, partition = self._heap[0][2:]
+            at = None
+            if self.plan.fraud_only:
+                if label[0] not in self.offsets:
+                    break
+                at = (partition, self.offsets.pop(label[0]))
+            heapq.heappop(self._heap)
+            out.append((encode_label(*label, at=at), key, partition))
         return out
 
     def next_due(self) -> float | None:

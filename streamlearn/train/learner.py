@@ -11,10 +11,11 @@ import numpy as np
 import torch
 
 from streamlearn import faults
-from streamlearn.ingest.stream import FINGERPRINT_MOD, Batch
+from streamlearn.ingest.decode import FINGERPRINT_MOD, Batch
 from streamlearn.phases import Phases
-from streamlearn.pipeline import Pipeline
+from streamlearn.pipeline import DelayedFeedback, Pipeline
 from streamlearn.train.drift import Watch
+from streamlearn.train.feedback import fake_negative_weights
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class Learner:
     device: torch.device
     recent: Watch  # the prequential window (and on rank 0 the drift monitor and the evidence)
     phases: Phases
+
+    @property
+    def fake_negatives(self) -> bool:
+        spec = self.pipeline.labels
+        return isinstance(spec, DelayedFeedback) and spec.correction == "fnw"
 
     def learn(self, batch: Batch, sizes: list[int], batch_size: int, seed: int, rank: int) -> tuple[int, float, int]:
         """Predict-then-learn over this rank's slice (`sizes`: every rank's, by rank), in exactly as
@@ -69,6 +75,8 @@ class Learner:
             with phases("forward"):
                 output = model(x)
                 per_event = pipeline.loss(output, y)
+                if self.fake_negatives:  # delayed feedback: each reported event is also in as a fake negative
+                    per_event = per_event * fake_negative_weights(pipeline.score(output), y)
                 # Sum, scaled so DDP's mean over ranks equals the mean over the global batch,
                 # however unevenly the window split (an empty rank still joins the allreduce).
                 loss = per_event.sum() * (window.world / total)

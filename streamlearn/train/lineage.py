@@ -12,6 +12,11 @@ waiting in the join state, and the labels topic has offsets of its own:
     (learned - defaulted) + labels_dead_lettered + pending labels == labels consumed
 (every learned event joined exactly one label, but those the pipeline learns with `unlabelled_as`
 once none came within the TTL: `defaulted`; the pending counts are in the checkpoint's meta).
+
+With delayed feedback (ingest/feedback.py) nothing waits: every valid event is learned at once
+with the silent answer (`defaulted`), and every report applied learns its event again:
+    defaulted + (dead_lettered - labels_dead_lettered) == events consumed
+    (learned - defaulted) + labels_dead_lettered + ignored == reports consumed
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamlearn.ingest.stream import FINGERPRINT_MOD
+from streamlearn.ingest.decode import FINGERPRINT_MOD
 
 
 @dataclass
@@ -32,6 +37,7 @@ class Counters:
     expired: int = 0  # joined labels: events that left the join state without their label
     labels_dead_lettered: int = 0  # joined labels: the part of dead_lettered that was labels
     defaulted: int = 0  # joined labels: the part of learned that had no label (`unlabelled_as`)
+    ignored: int = 0  # delayed feedback: reports that gave the silent answer (they change nothing)
 
     def add(self, other: Counters) -> None:
         self.learned += other.learned
@@ -41,6 +47,7 @@ class Counters:
         self.expired += other.expired
         self.labels_dead_lettered += other.labels_dead_lettered
         self.defaulted += other.defaulted
+        self.ignored += other.ignored
 
 
 @dataclass

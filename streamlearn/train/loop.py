@@ -30,12 +30,13 @@ from streamlearn import faults, heap
 from streamlearn.collectives import broadcast, exchange
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import StreamlearnError
-from streamlearn.ingest.stream import Batch, Stream, WorkerStream, feature_width
+from streamlearn.ingest.decode import Batch, feature_width
+from streamlearn.ingest.stream import Stream, WorkerStream
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
 from streamlearn.metrics import dead_by_reason, record_checkpoint, record_drift, record_join, record_window
 from streamlearn.phases import Phases, trace_allreduce
-from streamlearn.pipeline import Pipeline, load_pipeline
+from streamlearn.pipeline import DelayedFeedback, Pipeline, load_pipeline
 from streamlearn.prequential import summarize
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.runfiles import append_jsonl, read_last_jsonl
@@ -180,7 +181,8 @@ class Worker:
             self.coordinator = _coordinator(cfg, stream, lineage, self.world, inputs.controller,
                                             inputs.consumed_at_start)
             self.writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit,
-                                           resumed_from=restored[4] if restored else None)
+                                           resumed_from=restored[4] if restored else None,
+                                           whole_join=isinstance(self.pipeline.labels, DelayedFeedback))
         self.reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
         log("worker_started", pipeline=self.pipeline.name, rank=rank, world=self.world,
             threads=torch.get_num_threads(), version=lineage.version, positions=lineage.positions,
@@ -215,7 +217,8 @@ class Worker:
         record_window(self.pipeline.name, batch.size, dead_by_reason(batch.bad + batch.bad_labels),
                       steps if rank == 0 else 0)
         self.accrued.counters.add(Counters(batch.size, batch.dead_lettered, learned_fp, steps, expired=batch.expired,
-                                           labels_dead_lettered=len(batch.bad_labels), defaulted=batch.defaulted))
+                                           labels_dead_lettered=len(batch.bad_labels), defaulted=batch.defaulted,
+                                           ignored=batch.ignored))
         if steps and self.startup.mark("first_step_done"):
             self.startup.marks["first_window_events"] = window.size  # learned before the steady rate's clock starts
         self.accrued.loss += batch_loss
@@ -353,6 +356,9 @@ def _join_meta(pipeline: Pipeline, meta: dict, metrics: dict, lineage: Lineage, 
     metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
     if pipeline.labels.unlabelled_as is not None:  # learned with it: counted apart, never silent
         metrics["join"]["unlabelled"] = lineage.totals.defaulted
+    if isinstance(pipeline.labels, DelayedFeedback):  # reports applied, and those that changed nothing
+        metrics["join"]["reports"] = lineage.totals.learned - lineage.totals.defaulted
+        metrics["join"]["ignored"] = lineage.totals.ignored
     return join
 
 
@@ -478,14 +484,14 @@ def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int,
 
 def _sum_counters(delta: Counters, loss_sum: float) -> tuple[Counters, float]:
     values = torch.tensor([delta.learned, delta.dead_lettered, delta.fingerprint, delta.steps, delta.expired,
-                           delta.labels_dead_lettered, delta.defaulted], dtype=torch.int64)
+                           delta.labels_dead_lettered, delta.defaulted, delta.ignored], dtype=torch.int64)
     loss = torch.tensor([loss_sum], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values)
         dist.all_reduce(loss)
-    learned, dead, fp, _steps, expired, labels_dead, defaulted = values.tolist()
+    learned, dead, fp, _steps, expired, labels_dead, defaulted, ignored = values.tolist()
     # Steps are the same on every rank (lockstep), so take one rank's count rather than the sum.
-    return Counters(learned, dead, fp, delta.steps, expired, labels_dead, defaulted), float(loss.item())
+    return Counters(learned, dead, fp, delta.steps, expired, labels_dead, defaulted, ignored), float(loss.item())
 
 
 def _dead_letter_positions(last: dict[int, int], written: list[dict[int, int]],

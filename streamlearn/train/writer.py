@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from streamlearn import faults
-from streamlearn.ingest.join_files import JoinFiles
+from streamlearn.ingest.join_files import JoinFiles, WholeArrays
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.rundir.ledger import held_versions  # what serving needs kept
 
@@ -35,11 +35,12 @@ def snapshot(state: dict) -> dict:
 
 class CheckpointWriter:
     def __init__(self, run_dir: Path, keep: int, commit: Callable[[dict[int, int]], None],
-                 resumed_from: Path | None = None):
+                 resumed_from: Path | None = None, whole_join: bool = False):
         self.run_dir, self.keep, self._commit = run_dir, keep, commit
-        # The join state's files in the checkpoint the group restored, which its next links on.
+        # The join state's files in the checkpoint the group restored, which its next links on;
+        # delayed feedback's state (a few bytes a report) is written whole each time.
         listing = ckpt.read_meta(resumed_from).get("join", {}).get("segments") if resumed_from else None
-        self._join = JoinFiles(resumed_from if listing is not None else None, listing)
+        self._join = WholeArrays() if whole_join else JoinFiles(resumed_from if listing is not None else None, listing)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
         self._pending: deque[Future] = deque()
 

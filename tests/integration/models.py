@@ -30,7 +30,8 @@ def write_checkpoint(run_dir: Path, version: int, *, tamper: bool = False) -> Pa
 
 
 class ShortChargebacks(load_pipeline("fraud_chargebacks").__class__):
-    """fraud_chargebacks with a 2-s chargeback window: what a test can wait out."""
+    """Chargebacks by the window method (the join with `unlabelled_as`) and a 2-s chargeback
+    window, what a test can wait out: fraud_chargebacks learned by delayed feedback until then."""
 
     name = "fraud-chargebacks-2s"
     labels = JoinedLabels(LABEL, ttl_s=2.0, unlabelled_as=0.0)

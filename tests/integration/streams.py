@@ -9,8 +9,8 @@ from load.bench.common import read_whole_topic
 from pipelines.banking import TRANSACTION
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import BadEvent
+from streamlearn.ingest.decode import FINGERPRINT_MOD
 from streamlearn.ingest.reader import Message, RangeReader
-from streamlearn.ingest.stream import FINGERPRINT_MOD
 from streamlearn.schema import reason_code
 
 

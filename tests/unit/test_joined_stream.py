@@ -1,4 +1,4 @@
-"""The join of a window (`stream.decode_events` + `stream.join_window`, what a direct-path rank
+"""The join of a window (`decode.decode_events` + `LabelJoin.batch`, what a direct-path rank
 and a Ray Data lane both run) on confluent-shaped messages: what
 comes out is each labelled event with its own label as the target and its own bytes in the
 fingerprint; malformed labels and duplicates go to the dead letters with their reasons; a
@@ -10,8 +10,8 @@ import json
 import zlib
 from types import SimpleNamespace
 
+from streamlearn.ingest.decode import decode_events, feature_width
 from streamlearn.ingest.labelled import LabelJoin
-from streamlearn.ingest.stream import decode_events, feature_width, join_window
 from streamlearn.ingest.windows import Window
 from streamlearn.loadgen.generator import BankingSimulator, encode_batch
 from streamlearn.loadgen.labels import encode_label
@@ -43,8 +43,8 @@ def _stream() -> SimpleNamespace:
 
 
 def _window(stream: SimpleNamespace, messages: list[Msg], labels: list[Msg], checkpoint: bool = False):
-    return join_window(stream.pipeline, stream.join, Window(0, {}, checkpoint=checkpoint),
-                       decode_events(stream.pipeline, messages), labels)
+    return stream.join.batch(stream.pipeline, Window(0, {}, checkpoint=checkpoint),
+                             decode_events(stream.pipeline, messages), labels)
 
 
 def test_a_window_learns_each_labelled_event_with_its_own_label():

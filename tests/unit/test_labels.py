@@ -111,7 +111,19 @@ def test_with_fraud_only_the_frauds_and_only_they_get_their_label(stub):  # noqa
 
     delay = parse_label_delay("uniform:0:0.2")
     every, frauds = labels(LabelPlan(delay), 0), labels(LabelPlan(delay, fraud_only=True), 1)
+    at = {i: (lab.pop("partition"), lab.pop("offset")) for i, lab in frauds.items()}
     assert frauds == {i: lab for i, lab in every.items() if lab["label"]} and len(frauds) > 20
+    # each chargeback names where its event is: the n-th event sent to that partition
+    events: dict[int, list[bytes]] = {}
+    for _, value, partition in stub[1].sent:
+        if b'"label"' not in value:
+            events.setdefault(partition, []).append(value)
+    assert all(json.loads(events[p][o])["event_id"] == i for i, (p, o) in at.items())
+
+
+def test_lognormal_delays_have_the_median_they_are_given():
+    drawn = parse_label_delay("lognormal:432000:1.2").draw(np.random.default_rng(0), 100_000)
+    assert abs(np.median(drawn) / 432_000 - 1.0) < 0.02 and np.quantile(drawn, 0.99) > 10 * 432_000
 
 
 def test_delays_follow_the_distribution():

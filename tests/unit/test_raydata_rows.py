@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 
 from streamlearn.ingest import raydata_source as source
+from streamlearn.ingest.decode import Batch
 from streamlearn.ingest.raydata_stream import _dead
 from streamlearn.ingest.reader import Message
-from streamlearn.ingest.stream import Batch
 from streamlearn.ingest.windows import Window
 
 

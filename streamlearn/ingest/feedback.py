@@ -1,0 +1,178 @@
+"""Delayed feedback in training (issue 45): every event learned at once, its report applied when it comes.
+
+A bank hears of a fraud weeks after the payment and of a legitimate payment never. With a
+pipeline whose labels are `DelayedFeedback` (pipelines/fraud_chargebacks.py), each event of a
+window is learned in that window with the silent answer (`unlabelled_as`), and nothing waits:
+no join state, so memory and checkpoints do not grow with the delay. A report (a chargeback)
+names its event by id and by its place in the events topic (`partition`, `offset`); the rank
+that reads partition p of the events also reads partition p of the reports (a report is sent
+with its event's key), re-reads the reported events from Kafka through a consumer of its own,
+and learns each again with the report's answer. The loss makes up for the double count
+(train/feedback.py, FNW).
+
+Measured choice (docs/DECISIONS.md §20): a report carrying its event's coordinates costs the
+producer nothing it does not have (a delivery report names the offset) and the trainer one
+ranged read per run of nearby reported offsets; a report carrying the whole event would spare
+that read but trust the reporter with the features the model learns; an index from event id
+to offset would be a second store to keep consistent with the topic.
+
+What a report can be, and what happens to it (each counted or dead-lettered, none blocks):
+- the silent answer ("legitimate"): changes nothing, counted as `ignored`;
+- for an event past the topic's retention, not (yet) in the topic, with another id at its
+  offset, or that was itself dead-lettered: dead-lettered with the reason;
+- a second report for an event already reported: dead-lettered as a duplicate. The offsets of
+  the reported events are the one state kept (8 bytes a report, per partition, in each
+  checkpoint's join.npz); those behind the topic's retention are dropped, as their reports
+  could no longer be applied anyway.
+
+Exactly once: the events topic's and the reports topic's offsets are both in the checkpoint
+(the window carries both ranges, as with joined labels), and so are the reported offsets as
+they stood after the checkpoint window: a replay re-reads the same reports, re-reads the same
+events, and decides the same (but for retention, which may have moved on: a report the lost
+run applied may then be dead-lettered as out of retention, never applied twice).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamlearn.config import KafkaSettings
+from streamlearn.ingest.decode import Batch, Decoded, decode_events, feature_width
+from streamlearn.ingest.join import by_partition
+from streamlearn.ingest.labelled import LabelJoin
+from streamlearn.ingest.reader import Message, RangeReader
+from streamlearn.ingest.windows import Window
+from streamlearn.pipeline import DelayedFeedback, Pipeline
+
+WRONG_PARTITION = ("wrong_partition: the report is on partition {got} but names an event of partition {want}; "
+                   "send a report with its event's key")
+NOT_YET = "unknown_event: no event at {p}:{o} (the topic ends at {high})"
+OUT_OF_RETENTION = "out_of_retention: the event at {p}:{o} is past the topic's retention (it starts at {low})"
+OTHER_EVENT = "unknown_event: the event at {p}:{o} is {found!r}, not {want!r}"
+BAD_EVENT = "unknown_event: the event at {p}:{o} was dead-lettered ({why})"
+DUPLICATE = "duplicate_report: the event at {p}:{o} was reported already"
+RUN_GAP = 512  # reported offsets closer than this are re-read in one range (a fetch is ~850 events)
+
+
+class EventLookup:
+    """Events re-read by their coordinates, through a consumer of their own: the window's reader
+    reads on in order and must never seek back."""
+
+    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, fetch_timeout_s: float = 60.0):
+        self.reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
+
+    def watermarks(self, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        return self.reader.watermarks(partitions)
+
+    def read(self, p: int, offsets: list[int]) -> dict[int, object]:
+        """offset -> the message there, for sorted `offsets` of partition p, every one below the
+        high watermark: one ranged read per run of nearby offsets."""
+        out: dict[int, object] = {}
+        start = 0
+        for i in range(1, len(offsets) + 1):
+            if i == len(offsets) or offsets[i] - offsets[i - 1] > RUN_GAP:
+                lo, hi = offsets[start], offsets[i - 1] + 1
+                wanted = set(offsets[start:i])
+                out.update((m.offset(), m) for m in self.reader.read_raw({p: (lo, hi)}) if m.offset() in wanted)
+                start = i
+        return out
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class ReportFeedback:
+    """One rank's (or Ray Data lane's) delayed feedback: its partitions' reported offsets."""
+
+    def __init__(self, spec: DelayedFeedback, lookup: EventLookup):
+        self.spec, self.lookup = spec, lookup
+        self.reported: dict[int, set[int]] = {}  # event partition -> offsets whose report was applied
+        self.pending = {"events": 0, "labels": 0}  # nothing waits: the join's counts, for the meta
+
+    def batch(self, pipeline: Pipeline, window: Window, events: Decoded, label_messages: list) -> Batch:
+        """The window's events with the silent answer, and the events its reports name with theirs."""
+        spec = self.spec
+        values = [m.value() for m in label_messages]
+        found, kept, bad = spec.schema.decode_columns(values)
+        refused = [(i, reason) for i, reason in bad]
+        targets = pipeline.label_targets(found)
+        ignored = int(np.sum(targets == spec.unlabelled_as))
+        named: dict[int, list[tuple[int, int]]] = {}  # event partition -> [(row of `kept`, offset)], in order
+        for row, (i, p, o) in enumerate(zip(kept, found["partition"], found["offset"], strict=True)):
+            if targets[row] == spec.unlabelled_as:
+                continue
+            if p != (got := label_messages[i].partition()):
+                refused.append((i, WRONG_PARTITION.format(got=got, want=p)))
+            else:
+                named.setdefault(p, []).append((row, o))
+        x, y, crcs = [events.x], [np.full(len(events.y), spec.unlabelled_as, np.float32)], [events.crcs]
+        for p, reports in sorted(named.items()):
+            applied, at, dead = self._apply(pipeline, p, reports, found[spec.key])
+            x.append(applied.x[at])
+            crcs.append(applied.crcs[at])
+            y.append(targets[[row for row, _ in reports if row not in dead]])
+            refused += [(kept[row], reason) for row, reason in dead.items()]
+        bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), values[i]), reason)
+                      for i, reason in sorted(refused)]
+        return Batch(window, np.concatenate(x), np.concatenate(y), np.concatenate(crcs), events.dead,
+                     bad_labels=bad_labels, defaulted=len(events.y), ignored=ignored,
+                     join_delta=self.delta() if window.checkpoint else None)
+
+    def _apply(self, pipeline: Pipeline, p: int, reports: list[tuple[int, int]], ids: list[str]):
+        """Partition p's reports, in order: re-read their events and judge each report ->
+        (the events decoded, the rows of them to learn in the reports' order, {report row: reason}
+        of the refused). A report is refused if its event was reported before, is past the
+        topic's retention or end, was dead-lettered, or has another id."""
+        low, high = self.lookup.watermarks([p])[p]
+        self._forget(p, low)
+        done = self.reported.setdefault(p, set())
+        readable = sorted({o for _, o in reports if low <= o < high and o not in done})
+        messages = self.lookup.read(p, readable) if readable else {}
+        events = decode_events(pipeline, [messages[o] for o in readable])
+        dead_at = {m.offset: why for m, why in events.dead}
+        row_at = {readable[j]: row for row, j in enumerate(events.kept)}  # offset -> its decoded row
+        at, refused = [], {}
+        for row, o in reports:
+            if o in done:
+                refused[row] = DUPLICATE.format(p=p, o=o)
+            elif o < low:
+                refused[row] = OUT_OF_RETENTION.format(p=p, o=o, low=low)
+            elif o >= high:
+                refused[row] = NOT_YET.format(p=p, o=o, high=high)
+            elif o in dead_at:
+                refused[row] = BAD_EVENT.format(p=p, o=o, why=dead_at[o])
+            elif (got := events.events[row_at[o]][self.spec.key]) != ids[row]:
+                refused[row] = OTHER_EVENT.format(p=p, o=o, found=got, want=ids[row])
+            else:
+                done.add(o)
+                at.append(row_at[o])
+        return events, np.asarray(at, np.int64), refused
+
+    def _forget(self, p: int, low: int) -> None:
+        """Reported offsets behind retention: their reports could not be applied again anyway."""
+        done = self.reported.get(p)
+        if done and min(done) < low:
+            self.reported[p] = {o for o in done if o >= low}
+
+    def delta(self) -> dict[str, np.ndarray]:
+        """The whole state (a few bytes a report): each partition's reported offsets."""
+        return {f"p{p}/reported": np.fromiter(sorted(done), np.int64, len(done)) for p, done in self.reported.items()}
+
+    snapshot = delta
+
+    def restore(self, arrays: dict[str, np.ndarray], mine) -> None:
+        for p, named in by_partition(arrays).items():
+            if mine(p) and "reported" in named:
+                self.reported[p] = set(named["reported"].tolist())
+
+    def close(self) -> None:
+        self.lookup.close()
+
+
+def make_join(pipeline: Pipeline, settings: KafkaSettings, topic: str, group_id: str, partitions: int):
+    """What a rank (or a Ray Data lane) joins its labels topic with: the join of labels that come
+    within a TTL (LabelJoin), or delayed feedback's reports (ReportFeedback, re-reading `topic`)."""
+    spec = pipeline.labels
+    if isinstance(spec, DelayedFeedback):
+        return ReportFeedback(spec, EventLookup(settings, topic, group_id))
+    return LabelJoin(spec, feature_width(pipeline), partitions)

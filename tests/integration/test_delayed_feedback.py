@@ -1,0 +1,185 @@
+"""Delayed feedback (issue 45), exactly once across both topics through a worker SIGKILL and a
+resumed run on another number of workers, in both ingest modes.
+
+The generator sends events without `is_fraud` and, for each fraud, a chargeback 0.2-3 s later on
+`<topic>.labels` naming its event's partition and offset; `fraud_chargebacks` learns every event
+at once as legitimate and each reported event again as a fraud. Between the two runs, reports
+that cannot be applied are sent by hand (a duplicate, an id that is not the event's, an offset
+past the topic's end, a wrong partition, a malformed one) and one that says "legitimate". What
+the lineage must hold is recomputed from both topics here, independently of the trainer: every
+valid event learned once as legitimate, every applicable report once (its event's bytes in the
+fingerprint a second time), every other report dead-lettered once with its reason and bytes.
+A report applied twice (replayed past a lost checkpoint of the reported offsets, or moved to
+another rank without them) shows in the count, the fingerprint and the dead letters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import zlib
+from collections import Counter
+
+import pytest
+from confluent_kafka import Producer
+
+from pipelines.banking import REPORT, UNLABELLED_TRANSACTION
+from streamlearn.errors import BadEvent, StreamlearnError
+from streamlearn.ingest.decode import FINGERPRINT_MOD
+from streamlearn.kafka.admin import end_offsets, ensure_topics
+from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.labels import LabelPlan, encode_label, parse_label_delay
+from streamlearn.loadgen.profiles import parse_profile
+from streamlearn.rundir import checkpoint as ckpt
+from streamlearn.schema import reason_code
+from streamlearn.train.trainer import run_dir, train
+
+from .streams import dead_letters, read_topic
+from .test_faults import Training, checkpoint_after, finish_training, recovery
+from .test_training import INGESTS, config, train_workers
+
+pytestmark = pytest.mark.integration
+CHARGEBACKS = LabelPlan(parse_label_delay("uniform:0.2:3.0"), fraud_only=True)
+
+
+class ChargebackLoad(threading.Thread):
+    """Events at a steady rate, their frauds' chargebacks following, one-second chunks, 2 % malformed."""
+
+    def __init__(self, bootstrap: str, topic: str, seed: int, rate: int = 500):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.seed, self.rate = bootstrap, topic, seed, rate
+        self.stop, self.error = threading.Event(), None
+
+    def run(self):
+        seed = self.seed
+        try:
+            while not self.stop.is_set():
+                run_load(self.bootstrap, self.topic, partitions=4, profile=parse_profile(f"constant:{self.rate}"),
+                         duration=1.0, bad_fraction=0.02, seed=seed, labels=CHARGEBACKS)
+                seed += 1
+        except StreamlearnError as e:
+            self.error = e
+
+    def finish(self):
+        self.stop.set()
+        self.join(60)
+        assert self.error is None, self.error
+
+
+def expected(settings, topic: str) -> dict:
+    """What the lineage must hold, from both topics: each report judged in its partition's order."""
+    events, bad_events = {}, 0
+    for m in read_topic(settings, topic):
+        try:
+            events[m.partition, m.offset] = (UNLABELLED_TRANSACTION.decode(m.value)["event_id"], zlib.crc32(m.value))
+        except BadEvent:
+            bad_events += 1
+    applied, ignored, letters, reported = [], 0, {}, set()
+    for m in read_topic(settings, f"{topic}.labels"):
+        try:
+            report = REPORT.decode(m.value)
+        except BadEvent as e:
+            letters[m.partition, m.offset] = reason_code(e.reason)
+            continue
+        at = (report["partition"], report["offset"])
+        if not report["label"]:
+            ignored += 1
+        elif at[0] != m.partition:
+            letters[m.partition, m.offset] = "wrong_partition"
+        elif at in reported:
+            letters[m.partition, m.offset] = "duplicate_report"
+        elif events.get(at, (None,))[0] != report["event_id"]:
+            letters[m.partition, m.offset] = "unknown_event"
+        else:
+            reported.add(at)
+            applied.append(events[at][1])
+    fingerprint = sum(crc for _, crc in events.values()) + sum(applied)
+    return {"learned": len(events) + len(applied), "defaulted": len(events), "applied": len(applied),
+            "ignored": ignored, "bad_events": bad_events, "letters": letters,
+            "fingerprint": fingerprint % FINGERPRINT_MOD}
+
+
+def assert_feedback_exactly_once(settings, cfg) -> dict:
+    meta = ckpt.read_meta(ckpt.newest(run_dir(cfg)))
+    want, counters, labels_topic = expected(settings, cfg.topic), meta["counters"], f"{cfg.topic}.labels"
+    assert {int(p): o for p, o in meta["offsets"].items()} == end_offsets(settings, cfg.topic)
+    assert {int(p): o for p, o in meta["labels"]["offsets"].items()} == end_offsets(settings, labels_topic)
+    assert {k: counters[k] for k in ("learned", "defaulted", "ignored", "fingerprint")} == \
+        {k: want[k] for k in ("learned", "defaulted", "ignored", "fingerprint")}
+    assert (counters["dead_lettered"], counters["labels_dead_lettered"], counters["expired"]) == \
+        (want["bad_events"] + len(want["letters"]), len(want["letters"]), 0)
+    written = dead_letters(settings, cfg.dlq_topic)  # one per key: none written twice
+    reports = {(m.partition, m.offset): m.value for m in read_topic(settings, labels_topic)}
+    got = {(int(k.split(b":")[-2]), int(k.split(b":")[-1])): v for k, v in written.items()
+           if k.startswith(labels_topic.encode() + b":")}
+    assert got == {at: (code, reports[at]) for at, code in want["letters"].items()}
+    assert len(written) == want["bad_events"] + len(want["letters"])
+    assert meta["join"]["pending"] == {"events": 0, "labels": 0}  # nothing waits
+    return meta | {"want": want}
+
+
+def send_reports_that_cannot_be_applied(bootstrap: str, topic: str, settings) -> Counter:
+    """A duplicate, another event's id, past the end, a wrong partition, a malformed report, and
+    one that says "legitimate"; returns the reasons expected."""
+    reports = read_topic(settings, f"{topic}.labels")
+    events = {(m.partition, m.offset): m.value for m in read_topic(settings, topic)}
+    first = next(m for m in reports if json.loads(m.value)["label"])
+    r = json.loads(first.value)
+    p, o = r["partition"], r["offset"]
+    named = {(json.loads(m.value)["partition"], json.loads(m.value)["offset"]) for m in reports}
+    other = next(at for at in events if at[0] == p and at not in named)  # an event nobody reported
+    producer = Producer({"bootstrap.servers": bootstrap})
+    sends = [
+        (p, first.value),  # the same chargeback again
+        (p, encode_label("nobody", True, 1, at=other)),
+        (p, encode_label(r["event_id"], True, 1, at=(p, 10**9))),
+        ((p + 1) % 4, encode_label(r["event_id"], True, 1, at=(p, o))),
+        (p, b'{"event_id": "x", "label": true'),
+        (p, encode_label(r["event_id"], False, 1, at=(p, o))),
+    ]
+    for partition, value in sends:
+        producer.produce(f"{topic}.labels", value, partition=partition)
+    assert producer.flush(30) == 0
+    return Counter(["duplicate_report", "unknown_event", "unknown_event", "wrong_partition", "not_json"])
+
+
+@INGESTS
+@pytest.mark.timeout(900)
+def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume_on_one_worker(
+        kafka, kafka_settings, ray_cluster, topic, tmp_path, ingest):
+    ensure_topics(kafka_settings, {f"{topic}.labels": 4})
+    cfg = config(tmp_path, topic, pipeline="fraud_chargebacks", ingest=ingest)
+    load, training = ChargebackLoad(kafka.bootstrap, topic, seed=600), Training(cfg, kafka_settings)
+    load.start()
+    training.start()
+    try:
+        checkpoint_after(run_dir(cfg), 0.0, 300, training)
+        time.sleep(3)  # chargebacks for events learned before the kill come after it
+        victim = train_workers(ray_cluster)[1]
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        back = checkpoint_after(run_dir(cfg), killed_at, 300, training)
+        recovery("delayed feedback: training worker SIGKILL -> first new checkpoint", back["written_at"] - killed_at)
+        time.sleep(5)
+    finally:
+        load.finish()
+    summary = finish_training(training)
+    meta = assert_feedback_exactly_once(kafka_settings, cfg)
+    assert summary["lineage_learned"] == meta["counters"]["learned"] and meta["want"]["applied"] > 50
+    assert meta["metrics"]["ingest"]["mode"] == ingest
+    last = json.loads((run_dir(cfg) / "history.jsonl").read_text().splitlines()[-1])
+    assert last["join"]["reports"] == meta["want"]["applied"]  # shown with every checkpoint
+
+    # Resume on one worker: every partition's reported offsets move to rank 0, so a chargeback
+    # sent again is refused there; the bad reports are dead-lettered with their reasons.
+    reasons = send_reports_that_cannot_be_applied(kafka.bootstrap, topic, kafka_settings)
+    run_load(kafka.bootstrap, topic, partitions=4, count=3_000, bad_fraction=0.02, seed=900, labels=CHARGEBACKS)
+    train(config(tmp_path, topic, pipeline="fraud_chargebacks", workers=1, until_idle_s=4.0, ingest=ingest),
+          kafka_settings)
+    again = assert_feedback_exactly_once(kafka_settings, cfg)
+    new_letters = Counter(code for at, code in again["want"]["letters"].items() if at not in meta["want"]["letters"])
+    assert new_letters == reasons and again["counters"]["ignored"] == meta["counters"]["ignored"] + 1
+    assert again["counters"]["learned"] > meta["counters"]["learned"] + 2_000

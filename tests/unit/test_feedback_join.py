@@ -1,0 +1,141 @@
+"""Delayed feedback's window (`ReportFeedback.batch`, what a direct-path rank and a Ray Data lane
+both run) over an events topic held in memory: every event learned at once as legitimate, each
+report's event re-read by its coordinates and learned again as a fraud, and every report that
+cannot be applied dead-lettered with its reason. Kafka itself, through a worker kill:
+tests/integration/test_delayed_feedback.py."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from streamlearn.errors import ConfigError
+from streamlearn.ingest.decode import decode_events
+from streamlearn.ingest.feedback import EventLookup, ReportFeedback
+from streamlearn.ingest.windows import Window
+from streamlearn.loadgen.generator import BankingSimulator, encode_batch
+from streamlearn.loadgen.labels import encode_label
+from streamlearn.pipeline import DelayedFeedback, load_pipeline
+from streamlearn.schema import reason_code
+
+from .test_joined_stream import Msg
+
+PIPELINE = load_pipeline("fraud_chargebacks")
+
+
+class Topic:
+    """The events topic, partition by partition, with the oldest offset retention keeps."""
+
+    def __init__(self, partitions: dict[int, list[Msg]], low: dict[int, int] | None = None):
+        self.partitions, self.low = partitions, low or {}
+
+    def watermarks(self, partitions):
+        return {p: (self.low.get(p, 0), len(self.partitions[p])) for p in partitions}
+
+    def read(self, p, offsets):
+        return {o: self.partitions[p][o] for o in offsets}
+
+    def close(self):
+        pass
+
+
+def _events(seed: int, n: int, partitions: int = 2):
+    events = BankingSimulator(seed).events(n)
+    raw = encode_batch(events, with_label=False)
+    by_partition: dict[int, list[Msg]] = {p: [] for p in range(partitions)}
+    placed = []
+    for e, v in zip(events, raw, strict=True):
+        p = len(placed) % partitions
+        placed.append((e, v, p, len(by_partition[p])))
+        by_partition[p].append(Msg(p, len(by_partition[p]), v, e["event_time"]))
+    return placed, by_partition
+
+
+def _report(e: dict, p: int, o: int, n: int, label: bool = True, on: int | None = None) -> Msg:
+    return Msg(p if on is None else on, n, encode_label(e["event_id"], label, e["event_time"] + 1, at=(p, o)), 0)
+
+
+def _batch(feedback: ReportFeedback, messages: list[Msg], reports: list[Msg], checkpoint: bool = False):
+    return feedback.batch(PIPELINE, Window(0, {}, checkpoint=checkpoint), decode_events(PIPELINE, messages), reports)
+
+
+def test_every_event_is_learned_at_once_as_legitimate_and_a_reported_one_again_as_a_fraud():
+    placed, topic = _events(4, 200)
+    feedback = ReportFeedback(PIPELINE.labels, Topic(topic))
+    messages = [m for p in sorted(topic) for m in topic[p]]
+    frauds = [(e, v, p, o) for e, v, p, o in placed if e["is_fraud"]] or placed[:3]
+    reports = [_report(e, p, o, n) for n, (e, _, p, o) in enumerate(frauds)]
+    batch = _batch(feedback, messages, reports)
+    assert batch.size == 200 + len(frauds) and batch.defaulted == 200 and not batch.bad_labels
+    assert batch.targets.tolist() == [0.0] * 200 + [1.0] * len(frauds)
+    assert sorted(batch.crcs[200:].tolist()) == sorted(zlib.crc32(v) for _, v, _, _ in frauds)
+    # the re-read rows are the reported events' own features
+    by_crc = dict(zip(batch.crcs[:200].tolist(), batch.features[:200], strict=True))
+    assert all(np.array_equal(by_crc[c], x) for c, x in zip(batch.crcs[200:].tolist(), batch.features[200:],
+                                                           strict=True))
+
+
+def test_reports_that_cannot_be_applied_are_dead_lettered_with_their_reason_and_the_silent_answer_is_counted():
+    placed, topic = _events(5, 40)
+    topic[1].append(Msg(1, len(topic[1]), b"{not json", 0))  # a malformed event, dead-lettered when read
+    feedback = ReportFeedback(PIPELINE.labels, Topic(topic, low={0: 4}))
+    (e0, _, _, o0), (e1, _, _, o1) = [x for x in placed if x[2] == 0][5:7]
+    (e2, _, _, o2) = [x for x in placed if x[2] == 1][3]
+    reports = [
+        _report(e0, 0, o0, 0),  # applied
+        _report(e0, 0, o0, 1),  # the same event again
+        _report(e1, 0, 1, 2),  # behind retention (partition 0 starts at 4)
+        _report(e1, 0, 999, 3),  # past the topic's end
+        _report(e1, 0, o0 + 2, 4),  # someone else's event there
+        _report(e2, 1, o2, 5, on=0),  # names partition 1, sent on partition 0
+        _report(e2, 1, len(topic[1]) - 1, 6, on=1),  # the malformed event's offset
+        _report(e1, 0, o1, 7, label=False),  # "legitimate": nothing to learn
+        Msg(0, 8, b'{"event_id": "x", "label": true}', 0),  # malformed report
+    ]
+    batch = _batch(feedback, [], reports)
+    assert batch.size == 1 and batch.targets.tolist() == [1.0] and batch.ignored == 1
+    reasons = {m.offset: reason_code(r) for m, r in batch.bad_labels}
+    assert reasons == {1: "duplicate_report", 2: "out_of_retention", 3: "unknown_event", 4: "unknown_event",
+                       5: "wrong_partition", 6: "unknown_event", 8: "missing_field"}
+    assert all(m.value == reports[m.offset].value() for m, _ in batch.bad_labels)  # each with its own bytes
+
+
+def test_a_report_applied_before_a_checkpoint_stays_applied_after_a_restore():
+    placed, topic = _events(6, 20)
+    e, _, p, o = placed[7]
+    feedback = ReportFeedback(PIPELINE.labels, Topic(topic))
+    first = _batch(feedback, [], [_report(e, p, o, 0)], checkpoint=True)
+    assert first.size == 1 and first.join_delta == {f"p{p}/reported": np.array([o])}
+    resumed = ReportFeedback(PIPELINE.labels, Topic(topic))
+    resumed.restore(first.join_delta, lambda q: q == p)
+    again = _batch(resumed, [], [_report(e, p, o, 1)])
+    assert again.size == 0 and [reason_code(r) for _, r in again.bad_labels] == ["duplicate_report"]
+
+
+def test_nearby_reported_offsets_are_re_read_in_one_range_and_far_ones_apart():
+    class Reader:
+        ranges: list = []
+
+        def read_raw(self, ranges):
+            self.ranges.append(ranges)
+            (p, (lo, hi)), = ranges.items()
+            return [Msg(p, o, b"", 0) for o in range(lo, hi)]
+
+    lookup = EventLookup.__new__(EventLookup)
+    lookup.reader = Reader()
+    wanted = [10, 12, 300, 5000, 5001]
+    assert sorted(lookup.read(3, wanted)) == wanted
+    assert lookup.reader.ranges == [{3: (10, 301)}, {3: (5000, 5002)}]
+
+
+def test_delayed_feedback_refuses_a_contract_it_cannot_keep():
+    from pipelines.banking import LABEL, REPORT
+
+    with pytest.raises(ConfigError, match="partition"):
+        DelayedFeedback(LABEL, unlabelled_as=0.0)
+    with pytest.raises(ConfigError, match="unlabelled_as"):
+        DelayedFeedback(REPORT)
+    with pytest.raises(ConfigError, match="correction"):
+        DelayedFeedback(REPORT, unlabelled_as=0.0, correction="fnc")
