@@ -31,13 +31,15 @@ No broker and no Ray: this measures what is learned, not how fast events move.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from load.bench.common import median, write_json, write_section
+from load.bench.common import BENCH_DIR, DOCS, median, write_json, write_section
 from streamlearn.loadgen.generator import MS_PER_EVENT, BankingSimulator
 from streamlearn.pipeline import load_pipeline
 from streamlearn.prequential import roc_auc
@@ -52,6 +54,7 @@ BANK_EVENTS_PER_S, JOIN_CAP = 1_000.0, 1_000_000  # the window that memory allow
 WINDOW_MS = JOIN_CAP / BANK_EVENTS_PER_S * 1000
 CONTENDERS = ("oracle", "window", "fnw", "fnc")
 TARGETS = {"auc_gap": 0.02, "calibration": (0.8, 1.25)}
+IMG_DIR = DOCS / "img"
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--days", type=float, default=40.0, help="simulated days of events (21,600 a day)")
     parser.add_argument("--median-delay-days", type=float, default=5.0)
+    parser.add_argument("--draw", action="store_true", help="only redraw docs/img/delayed-feedback.png from the JSON")
     args = parser.parse_args()
+    if args.draw:
+        draw(json.loads((BENCH_DIR / "delayed_feedback.json").read_text()))
+        return
     torch.set_num_threads(1)  # as each training worker: one core of the two
     runs: dict[str, list[dict]] = {c: [] for c in CONTENDERS}
     for seed in range(args.runs):
@@ -152,7 +159,36 @@ def main() -> None:
                   f"calibration {result['calibration']:.2f} ({result['seconds']:.1f} s)", flush=True)
     figures = summarize(runs, args)
     write_json("delayed_feedback", figures)
+    draw(figures)
     write_section("delayed_feedback", "Delayed feedback: fraud reports weeks late", render(figures))
+
+
+def draw(figures: dict) -> Path:
+    """docs/img/delayed-feedback.png: each method's AUC per simulated week (median of the runs), the
+    README's picture of what waiting for reports costs and what FNW wins back."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    path = IMG_DIR / "delayed-feedback.png"
+    fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=110)
+    names = {"oracle": "oracle (every label at once)", "fnw": "delayed feedback, FNW (the trainer's)",
+             "fnc": "delayed feedback, FNC", "window": "window (the join's memory: 1,000 s)"}
+    for contender, label in names.items():
+        weekly = np.median(np.array([r["auc_by_week"] for r in figures["per_run"][contender]]), axis=0)
+        ax.plot(np.arange(1, len(weekly) + 1), weekly, marker="o", label=label)
+    weeks = figures["days"] / 7
+    ax.axvline(weeks / 2 + 0.5, color="grey", linestyle=":", linewidth=1)
+    ax.text(weeks / 2 + 0.55, 0.56, "fraud pattern\nchanges", color="grey", fontsize=8)
+    ax.set(xlabel="simulated week", ylabel="prequential AUC (matured labels)", ylim=(0.4, 1.0),
+           title=f"Reports a median {figures['median_delay_days']:g} days late ({figures['delay']})")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def summarize(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
@@ -177,7 +213,8 @@ def render(figures: dict) -> str:
             f"after a {figures['delay']} delay of median {figures['median_delay_days']:g} days; the window "
             f"method waits {figures['window_s']:,.0f} s (the join's 1M-event cap at 1k events/s). Each event "
             "is scored by the model as it stood when the event arrived and judged by its matured label. "
-            "The method only: no broker and no Ray (the trainer's delayed-feedback path is not built yet). "
+            "The method only, no broker and no Ray; the trainer learns by FNW the same way "
+            "(streamlearn/ingest/feedback.py, train/learner.py). Per week: docs/img/delayed-feedback.png. "
             "No method that waits for reports can see a new fraud pattern before its reports come, so the "
             "oracle, which knows each label at once, bounds what any of them reaches.")
 

@@ -482,8 +482,21 @@ def delayed_feedback(d: dict) -> str:
     return with_machine(lines, d)
 
 
+def feedback_ingest(d: dict) -> str:
+    per = d["steady_events_per_s"]
+    rows = [[f"`{name}`", num(d["medians"][name]), " / ".join(num(v) for v in per[name]),
+             ratio(d["medians"][name] / d["medians"]["inline"]),
+             f"≥ {d['bar']:g}× {met(d['ratio'] >= d['bar'])}" if name == "feedback" else ""]
+            for name in ("inline", "feedback")]
+    lines = table(["labels", "learned events/s (median, steady)", "per run", "ratio to inline", "bar"], rows)
+    lines += ["", f"{d['events']:,} events, {d['reports']:,} chargebacks, {d['workers']} worker(s); "
+              f"medians of {d['runs']} runs."]
+    return with_machine(lines, d)
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "cpu_labels": cpu_labels, "cpu_roles": cpu_roles, "delayed_feedback": delayed_feedback, "drift": drift,
+    "feedback_ingest": feedback_ingest,
     "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
     "scaling": scaling, "scoring": scoring, "soak": soak, "warm_pool": warm_pool,

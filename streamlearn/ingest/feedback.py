@@ -52,6 +52,9 @@ OTHER_EVENT = "unknown_event: the event at {p}:{o} is {found!r}, not {want!r}"
 BAD_EVENT = "unknown_event: the event at {p}:{o} was dead-lettered ({why})"
 DUPLICATE = "duplicate_report: the event at {p}:{o} was reported already"
 RUN_GAP = 512  # reported offsets closer than this are re-read in one range (a fetch is ~850 events)
+# A lookup reads a few events here and there: it must not prefetch 64 MB past each one as the
+# window's reader does (reader.FETCH_CONFIG).
+LOOKUP_FETCH = {"queued.max.messages.kbytes": 1024, "queued.min.messages": 1000}
 
 
 class EventLookup:
@@ -59,7 +62,7 @@ class EventLookup:
     reads on in order and must never seek back."""
 
     def __init__(self, settings: KafkaSettings, topic: str, group_id: str, fetch_timeout_s: float = 60.0):
-        self.reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
+        self.reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s, fetch=LOOKUP_FETCH)
 
     def watermarks(self, partitions: list[int]) -> dict[int, tuple[int, int]]:
         return self.reader.watermarks(partitions)

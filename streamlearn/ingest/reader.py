@@ -50,12 +50,13 @@ class Message(NamedTuple):
 
 
 class RangeReader:
-    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, *, fetch_timeout_s: float = 300.0):
+    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, *, fetch_timeout_s: float = 300.0,
+                 fetch: dict | None = None):
         self.topic = topic
         self.fetch_timeout_s = fetch_timeout_s
         common = {**settings.confluent(), "group.id": group_id, "log_level": 3,
                   "enable.auto.commit": False}  # offsets are committed only after a checkpoint is durable
-        self._consumer = Consumer({**common, **FETCH_CONFIG, "enable.partition.eof": False})
+        self._consumer = Consumer({**common, **FETCH_CONFIG, **(fetch or {}), "enable.partition.eof": False})
         # Metadata, watermarks and commits go through a consumer of their own: watermark
         # queries on the fetching consumer stalled its next fetch by 0.5-1 s (measured).
         self._control = Consumer(common)

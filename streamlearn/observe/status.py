@@ -97,10 +97,18 @@ def _training(snap: dict | None, now: float, problem: str | None, failure: dict 
     cp = snap.get("checkpoint")
     if cp:
         table.add_row("checkpoint", f"v{cp.get('version', '?')}, written {_age(now, cp.get('written_at'))} ago")
-        table.add_row("online metric", _metric(cp.get("online")))
+        feedback = "reports" in (cp.get("join") or {})
+        # With delayed feedback the trainer's own figure counts every unreported event as legitimate.
+        table.add_row("online metric", _metric(cp.get("online")) + (
+            "  (against fake negatives: every event legitimate until reported; not matured)" if feedback else ""))
         if cp.get("ingest"):
             table.add_row("ingest", _ingest(cp["ingest"]))
-        if cp.get("join"):  # joined labels: what waits, what left unlabelled
+        if feedback:
+            join = cp["join"]
+            table.add_row("labels", f"delayed feedback: every event learned at once with the silent answer, "
+                                    f"{_int(join.get('reports'))} reports applied, {_int(join.get('ignored'))} "
+                                    f"gave the silent answer (lineage)")
+        elif cp.get("join"):  # joined labels: what waits, what left unlabelled
             join = cp["join"]
             unlabelled = (f", {_int(join['unlabelled'])} learned without one (no label within the TTL)"
                           if "unlabelled" in join else "")

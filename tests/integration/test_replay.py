@@ -8,6 +8,10 @@ learned twice, a step lost, or a restore that left any state behind would show a
 Bitwise is the right bar: each window's shuffle is seeded by its offsets, the two ranks' gradients
 are summed in a fixed order (a sum of two floats does not depend on the order), and torch runs
 one thread per worker, so nothing but the restore separates the two runs.
+
+With delayed feedback (`fraud_chargebacks`) the chargebacks on `<topic>.labels` are read across the
+kill too: a report applied before the restored checkpoint must not be applied again after it (the
+reported offsets are in the checkpoint), nor one after it lost.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from streamlearn.kafka.admin import ensure_topics
 from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.labels import LabelPlan, parse_label_delay
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
+from .test_delayed_feedback import assert_feedback_exactly_once
 from .test_training import assert_exactly_once, config
 
 pytestmark = pytest.mark.integration
@@ -29,12 +36,18 @@ def _final_state(cfg) -> tuple[dict, dict, dict]:
     return model, optimizer, meta
 
 
+@pytest.mark.parametrize("pipeline", ["fraud", "fraud_chargebacks"])
 def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(kafka, kafka_settings, ray_cluster,
-                                                                                 topic, tmp_path, monkeypatch):
-    run_load(kafka.bootstrap, topic, partitions=4, count=30_000, bad_fraction=0.02, seed=21)
+                                                                                 topic, tmp_path, monkeypatch,
+                                                                                 pipeline):
+    chargebacks = None
+    if pipeline == "fraud_chargebacks":  # each fraud's chargeback 0-0.5 s after it, naming its offset
+        ensure_topics(kafka_settings, {f"{topic}.labels": 4})
+        chargebacks = LabelPlan(parse_label_delay("uniform:0:0.5"), fraud_only=True)
+    run_load(kafka.bootstrap, topic, partitions=4, count=30_000, bad_fraction=0.02, seed=21, labels=chargebacks)
     # Small windows and frequent checkpoints: the kill falls well inside the run, after a checkpoint.
     common = dict(window_events=1000, checkpoint_every_steps=8, checkpoint_every_s=3600.0, until_idle_s=3.0,
-                  max_failures=2)
+                  max_failures=2, pipeline=pipeline)
     clean = config(tmp_path / "clean", topic, run_name="clean", group_id="replay-clean", **common)
     train(clean, kafka_settings)
 
@@ -54,7 +67,10 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert 0 < meta_b["restored_from"] < meta_b["version"], meta_b["restored_from"]
     assert meta_b["offsets"] == meta_a["offsets"]
     assert meta_b["counters"] == meta_a["counters"]
-    assert_exactly_once(kafka_settings, killed)  # and both equal what is really in the topic
+    if chargebacks is None:  # and both equal what is really in the topic(s)
+        assert_exactly_once(kafka_settings, killed)
+    else:
+        assert assert_feedback_exactly_once(kafka_settings, killed)["want"]["applied"] > 100
     assert model_a.keys() == model_b.keys()
     for name in model_a:
         assert torch.equal(model_a[name], model_b[name]), f"weights differ after the replay: {name}"

@@ -70,6 +70,15 @@ def test_status_shows_what_waits_in_the_join_of_delayed_labels():
     assert "67 events expired unlabelled, 9,876 learned without one (no label within the TTL)" in flat, flat
 
 
+def test_status_says_delayed_feedbacks_online_metric_is_not_matured():
+    join = {"events": 0, "labels": 0, "expired": 0, "unlabelled": 50_000, "reports": 321, "ignored": 4}
+    snapshot = SNAPSHOT | {"checkpoint": {**SNAPSHOT["checkpoint"], "join": join}}
+    flat = " ".join(render_text(snapshot, MODEL, now=NOW).split())
+    assert "321 reports applied, 4 gave the silent answer" in flat, flat
+    assert "against fake negatives: every event legitimate until reported; not matured" in flat, flat
+    assert "not matured" not in " ".join(render_text(SNAPSHOT, MODEL, now=NOW).split())
+
+
 def test_status_without_any_source_says_unavailable_with_hints():
     problems = {"controller": "no Ray cluster at --address auto; start one with `make demo`",
                 "scorer": "no scorer answers at http://127.0.0.1:8000; start one with `streamlearn serve up`"}
