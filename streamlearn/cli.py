@@ -91,32 +91,39 @@ def load(bootstrap: str | None = BOOTSTRAP,
          bad_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Fraction of malformed messages."),
          drift_at: int | None = typer.Option(None, help="Event number where the fraud pattern changes."),
          label_delay: str | None = typer.Option(None, help="Send events without is_fraud and each label later on "
-                                                           "<topic>.labels after fixed:S | uniform:MIN:MAX | exp:MEAN "
-                                                           "seconds. Default: the label is in the event."),
+                                                           "<topic>.labels after fixed:T | uniform:MIN:MAX | exp:MEAN "
+                                                           "| lognormal:MEDIAN:SIGMA (T in s, or 15m, 2h, 5d). "
+                                                           "Default: the label is in the event."),
          unlabelled_fraction: float = typer.Option(0.0, min=0.0, max=1.0,
                                                    help="With --label-delay: share of events never labelled."),
          fraud_labels_only: bool = typer.Option(False, help="With --label-delay: only frauds get a label, as a bank "
                                                              "hears only of chargebacks (pipeline fraud_chargebacks "
-                                                             "learns the rest as legitimate after its TTL)."),
+                                                             "learns every event at once as legitimate)."),
+         simulated_clock: bool = typer.Option(False, help="With --label-delay: delays and Kafka timestamps on the "
+                                                          "events' own compressed clock (a simulated day is 21,600 "
+                                                          "events: --rate 360 runs a day a minute)."),
          seed: int = TrainConfig.seed,
          quiet: bool = typer.Option(False, help="No live progress line.")):
     """The load generator: simulated customers producing banking events; prints a JSON summary."""
     from streamlearn.kafka.admin import ensure_topics
     from streamlearn.loadgen.generator import run_load
-    from streamlearn.loadgen.labels import LABELS_SUFFIX, LabelPlan, parse_label_delay
+    from streamlearn.loadgen.labels import LABELS_SUFFIX, SIMULATED_TOPIC_CONFIG, LabelPlan, parse_label_delay
     from streamlearn.loadgen.profiles import parse_profile
 
     if count is None and duration is None:  # before any topic is made: a refusal leaves nothing behind
         raise ConfigError("load needs --count N and/or --duration SECONDS, or it would never stop")
     settings = _kafka(bootstrap)
     chosen = parse_profile(profile) if profile else (parse_profile(f"constant:{rate}") if rate else None)
-    if (unlabelled_fraction or fraud_labels_only) and label_delay is None:
-        raise ConfigError("--unlabelled-fraction and --fraud-labels-only need --label-delay: inline labels are "
-                          "always there")
-    labels = (LabelPlan(parse_label_delay(label_delay), unlabelled_fraction, fraud_labels_only)
+    if (unlabelled_fraction or fraud_labels_only or simulated_clock) and label_delay is None:
+        raise ConfigError("--unlabelled-fraction, --fraud-labels-only and --simulated-clock need --label-delay: "
+                          "inline labels are always there")
+    labels = (LabelPlan(parse_label_delay(label_delay), unlabelled_fraction, fraud_labels_only, simulated_clock)
               if label_delay is not None else None)
+    # Simulated times lie months in the past: a topic made here keeps them whatever their age (a
+    # broker's time retention would delete every segment as soon as it rolled).
     ensure_topics(settings, {topic: partitions, f"{topic}.dlq": 1,
-                             **({topic + LABELS_SUFFIX: partitions} if labels else {})})
+                             **({topic + LABELS_SUFFIX: partitions} if labels else {})},
+                  configs=SIMULATED_TOPIC_CONFIG if simulated_clock else None)
     summary = run_load(settings.bootstrap, topic, partitions=partitions, profile=chosen, count=count,
                        duration=duration, bad_fraction=bad_fraction, seed=seed, drift_at=drift_at,
                        progress=not quiet, producer_config=settings.confluent(), labels=labels)

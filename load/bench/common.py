@@ -101,7 +101,9 @@ def read_whole_topic(settings: KafkaSettings, topic: str) -> list:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
             consumer.assign([TopicPartition(topic, p, low)])
             while low < high:
-                batch = [m for m in consumer.consume(10_000, timeout=10) if m.error() is None]
+                # Never more than is left: consume() waits its whole timeout for a batch it cannot fill
+                # (10 s a partition, in every test that re-read a topic).
+                batch = [m for m in consumer.consume(min(10_000, high - low), timeout=10) if m.error() is None]
                 if not batch:
                     raise RuntimeError(f"{topic}[{p}] stopped at offset {low} of {high}")
                 out += batch

@@ -19,13 +19,14 @@ def _admin(settings: KafkaSettings) -> KafkaAdminClient:
                                "start one with `streamlearn kafka up`") from None
 
 
-def ensure_topics(settings: KafkaSettings, topics: dict[str, int]) -> None:
-    """Create each topic with its partition count unless it exists (idempotent; never shrinks)."""
+def ensure_topics(settings: KafkaSettings, topics: dict[str, int], configs: dict[str, str] | None = None) -> None:
+    """Create each topic with its partition count (and topic `configs`) unless it exists
+    (idempotent; never shrinks, never changes an existing topic's configs)."""
     admin = _admin(settings)
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(name, num_partitions=n, replication_factor=1) for name, n in topics.items()
-                   if name not in existing]
+        missing = [NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=configs or {})
+                   for name, n in topics.items() if name not in existing]
         if missing:
             try:
                 admin.create_topics(missing, timeout_ms=15000)

@@ -350,10 +350,11 @@ def _check_topic(producer: Producer, bootstrap: str, topic: str, partitions: int
 
 
 def _produce(producer: Producer, topic: str, value: bytes, key: bytes, partition: int, failures: list[str],
-             **callback) -> None:
+             **extra) -> None:
+    """`extra`: a per-message `on_delivery`, a `timestamp` (ms) of the simulated clock."""
     while True:
         try:
-            producer.produce(topic, value, key, partition=partition, **callback)
+            producer.produce(topic, value, key, partition=partition, **extra)
             return
         except BufferError:  # librdkafka's queue is full: let it drain, never drop
             producer.poll(0.01)
@@ -410,11 +411,25 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
 
     def send_due_labels(now: float) -> int:
         due = label_queue.due(now) if label_queue is not None else []
-        for value, key, partition in due:
-            _produce(producer, labels_topic, value, key, partition, failures)
+        for value, key, partition, label_ms in due:
+            stamp = {"timestamp": label_ms} if simulated else {}
+            _produce(producer, labels_topic, value, key, partition, failures, **stamp)
         return len(due)
 
+    def clock_now(now: float) -> float:
+        """Where the labels' clock is: the wall's, or the simulated time the events sent reached,
+        running on at the run's pace once they are all out."""
+        if not simulated:
+            return now
+        if events_done_at is None or sim_started is None:
+            return sim_last / 1000
+        pace = (sim_last - sim_started) / max(events_done_at - start, 1e-3)  # simulated ms a wall second
+        return (sim_last + (now - events_done_at) * pace) / 1000
+
     sim, pacer, bad_rng = BankingSimulator(seed, drift_at=drift_at), _Pacer(profile), random.Random(seed)
+    simulated = labels is not None and labels.simulated
+    sim_started = events_done_at = None  # the simulated clock: first and newest event time sent (ms)
+    sim_last = 0
     sent = bad = labels_sent = 0
     by_reason: dict[str, int] = {}
     per_partition = [0] * partitions
@@ -426,7 +441,7 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             now = time.monotonic()
             if duration is not None and now - start >= duration:
                 break
-            labels_sent += send_due_labels(now)
+            labels_sent += send_due_labels(clock_now(now))
             n = pacer.take(now - start)
             if count is not None:
                 n = min(n, count - sent)
@@ -437,7 +452,10 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             labelled: tuple[list, list, list] = ([], [], [])  # the valid events sent: their labels follow
             for event, value in zip(events, encode_batch(events, with_label=label_queue is None), strict=True):
                 key = event["customer_id"].encode()
-                partition, callback = partition_for(key, partitions), {}
+                partition, extra = partition_for(key, partitions), {}
+                if simulated:  # the Kafka timestamp is the event's own time
+                    extra["timestamp"] = sim_last = event["event_time"]
+                    sim_started = sim_last if sim_started is None else sim_started
                 if int((sent + 1) * bad_fraction) > int(sent * bad_fraction):  # evenly spread, exact share
                     value, code = malformed_message(bad_rng, bad, run=seed)
                     bad += 1
@@ -446,8 +464,8 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
                     for column, item in zip(labelled, (event, key, partition), strict=True):
                         column.append(item)
                     if labels.fraud_only and event["is_fraud"]:  # its chargeback names the offset it gets
-                        callback = reported(event["event_id"])
-                _produce(producer, topic, value, key, partition, failures, **callback)
+                        extra |= reported(event["event_id"])
+                _produce(producer, topic, value, key, partition, failures, **extra)
                 per_partition[partition] += 1
                 sent += 1
             if label_queue is not None:  # delays count from when the chunk's last event went, not from `now`:
@@ -458,9 +476,12 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             if progress and now - shown_at >= 0.25:
                 current, shown_at, shown_sent = (sent - shown_sent) / (now - shown_at), now, sent
                 live.update(_status(sent, bad, now - start, current))
+        events_done_at = time.monotonic()
         while label_queue is not None and len(label_queue):  # the events are out; their labels keep their delays
-            labels_sent += send_due_labels(time.monotonic())
-            wait = label_queue.next_due() - time.monotonic() if len(label_queue) else 0.0
+            labels_sent += send_due_labels(clock_now(time.monotonic()))
+            wait = label_queue.next_due() - clock_now(time.monotonic()) if len(label_queue) else 0.0
+            if simulated:  # in wall seconds, at the run's pace
+                wait = 0.0 if wait <= 0 else _SLICE_S * 10
             producer.poll(min(max(wait, 0.001), _SLICE_S * 10))  # serves the delivery reports a due report waits on
             if failures:
                 raise KafkaUnavailable(f"Kafka at {bootstrap} did not take labels: {failures[0]}")
@@ -476,5 +497,5 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             "events_per_s": sent / seconds if seconds > 0 else 0.0, "topic": topic,
             **({"labels": {"topic": labels_topic, "sent": labels_sent, "unlabelled": label_queue.unlabelled,
                            "delay": str(labels.delay), "unlabelled_fraction": labels.unlabelled_fraction,
-                           "fraud_only": labels.fraud_only}}
+                           "fraud_only": labels.fraud_only, "simulated_clock": labels.simulated}}
                if label_queue is not None else {})}

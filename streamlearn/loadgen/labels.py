@@ -20,6 +20,15 @@ answer: pipelines/fraud_chargebacks.py). Malformed events get none either: they 
 dead-lettered, never learned. Delays are drawn from the run's seed (the same run labels the same
 events after the same delays) and are wall clock: a label for an event produced at t goes at
 t + delay; `label_time` is the event's own time plus the same delay.
+
+With `simulated` (`streamlearn load --simulated-clock`) delays are in the events' own time, the
+generator's compressed clock (an event every 4 s of event time, so a simulated day is 21,600
+events: at --rate 360 a day a minute), and every message's Kafka timestamp is its simulated time:
+a label goes once the events sent have reached its event's time plus its delay, and the trainer's
+windows and TTLs, which run on the partitions' Kafka timestamps, live through weeks in minutes.
+After the last event the clock runs on at the run's own pace until the last label has gone.
+Its times lie in the past (from 2026-01-01): `streamlearn load --simulated-clock` makes its topics
+with no time retention (`SIMULATED_TOPIC_CONFIG`); a topic made before keeps its own.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ import numpy as np
 from streamlearn.errors import ConfigError
 
 LABELS_SUFFIX = ".labels"
+# Topics for a simulated clock: its timestamps start at 2026-01-01 and a broker's time retention
+# (7 days by default) would delete each segment once it rolled. Size retention by bytes instead.
+SIMULATED_TOPIC_CONFIG = {"retention.ms": "-1"}
 _BOOL = ("false", "true")
 
 
@@ -57,13 +69,24 @@ class LabelDelay:
         return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind in ("uniform", "lognormal") else "")
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3_600.0, "d": 86_400.0}
+
+
+def _seconds(value: str) -> float:
+    """`30`, `30s`, `15m`, `2h` or `5d` -> seconds."""
+    value = value.strip()
+    unit = _UNITS.get(value[-1:], None) if value else None
+    return float(value[:-1]) * unit if unit is not None else float(value)
+
+
 def parse_label_delay(spec: str) -> LabelDelay:
-    """`fixed:2`, `uniform:1:30` or `exp:5` -> LabelDelay; a clear ConfigError for anything else."""
-    usage = ("a label delay is fixed:SECONDS, uniform:MIN:MAX, exp:MEAN_SECONDS or lognormal:MEDIAN_SECONDS:SIGMA "
-             "(e.g. exp:5)")
+    """`fixed:2`, `uniform:1:30`, `exp:5` or `lognormal:5d:1` -> LabelDelay (times in seconds, or
+    with a unit: s, m, h, d); a clear ConfigError for anything else."""
+    usage = ("a label delay is fixed:T, uniform:MIN:MAX, exp:MEAN or lognormal:MEDIAN:SIGMA, times in seconds or "
+             "with a unit s, m, h, d (e.g. exp:5, lognormal:5d:1)")
     kind, *args = spec.strip().split(":")
     try:
-        values = [float(a) for a in args]
+        values = [float(a) if (kind, i) == ("lognormal", 1) else _seconds(a) for i, a in enumerate(args)]
     except ValueError:
         raise ConfigError(f"label delay {spec!r}: {usage}") from None
     shapes = {"fixed": 1, "uniform": 2, "exp": 1, "lognormal": 2}
@@ -79,6 +102,7 @@ class LabelPlan:
     delay: LabelDelay
     unlabelled_fraction: float = 0.0
     fraud_only: bool = False  # legitimate events never get a label (a bank's chargebacks)
+    simulated: bool = False  # delays and Kafka timestamps on the events' compressed clock, not the wall's
 
     def __post_init__(self):
         if not 0.0 <= self.unlabelled_fraction <= 1.0:
@@ -104,8 +128,8 @@ class LabelQueue:
         self.unlabelled = 0
 
     def add(self, events: list[dict], keys: list[bytes], partitions: list[int], sent_at: float) -> None:
-        """Events just sent (valid ones only): each gets its label due at `sent_at` + its delay,
-        or none (the unlabelled share)."""
+        """Events just sent (valid ones only): each gets its label due at `sent_at` + its delay
+        (with a simulated clock, at its own event time + its delay), or none (the unlabelled share)."""
         n = len(events)
         delays = self.plan.delay.draw(self._rng, n)
         never = self._rng.random(n) < self.plan.unlabelled_fraction
@@ -117,16 +141,18 @@ class LabelQueue:
             if skip:
                 continue
             label = (event["event_id"], event["is_fraud"], event["event_time"] + round(delay * 1000))
-            heapq.heappush(self._heap, (sent_at + delay, self._order, label, key, partition))
+            start = event["event_time"] / 1000 if self.plan.simulated else sent_at
+            heapq.heappush(self._heap, (start + delay, self._order, label, key, partition))
             self._order += 1
 
     def delivered(self, event_id: str, offset: int) -> None:
         """An event's delivery report: a report names where its event is."""
         self.offsets[event_id] = offset
 
-    def due(self, now: float) -> list[tuple[bytes, bytes, int]]:
-        """(value, key, partition) of every label due by `now`, in due order. With fraud_only, a
-        label whose event the broker has not acknowledged yet waits for it (in its turn)."""
+    def due(self, now: float) -> list[tuple[bytes, bytes, int, int]]:
+        """(value, key, partition, label time in ms) of every label due by `now` (s, on the plan's
+        clock), in due order. With fraud_only, a label whose event the broker has not acknowledged
+        yet waits for it (in its turn)."""
         out = []
         while self._heap and self._heap[0][0] <= now:
             label, key, partition = self._heap[0][2:]
@@ -136,7 +162,7 @@ class LabelQueue:
                     break
                 at = (partition, self.offsets.pop(label[0]))
             heapq.heappop(self._heap)
-            out.append((encode_label(*label, at=at), key, partition))
+            out.append((encode_label(*label, at=at), key, partition, label[2]))
         return out
 
     def next_due(self) -> float | None:

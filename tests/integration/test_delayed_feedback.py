@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import threading
 import time
 import zlib
@@ -37,12 +38,13 @@ from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.schema import reason_code
 from streamlearn.train.trainer import run_dir, train
 
-from .streams import dead_letters, read_topic
+from .streams import dead_letters, read_stamped, read_topic
 from .test_faults import Training, checkpoint_after, finish_training, recovery
 from .test_training import INGESTS, config, train_workers
 
 pytestmark = pytest.mark.integration
 CHARGEBACKS = LabelPlan(parse_label_delay("uniform:0.2:3.0"), fraud_only=True)
+SIMULATED = LabelPlan(parse_label_delay("lognormal:2d:0.5"), fraud_only=True, simulated=True)
 
 
 class ChargebackLoad(threading.Thread):
@@ -174,9 +176,16 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
     assert last["join"]["reports"] == meta["want"]["applied"]  # shown with every checkpoint
 
     # Resume on one worker: every partition's reported offsets move to rank 0, so a chargeback
-    # sent again is refused there; the bad reports are dead-lettered with their reasons.
+    # sent again is refused there; the bad reports are dead-lettered with their reasons. The new
+    # events come on the simulated clock, chargebacks days late in its time, seconds in the wall's.
     reasons = send_reports_that_cannot_be_applied(kafka.bootstrap, topic, kafka_settings)
-    run_load(kafka.bootstrap, topic, partitions=4, count=3_000, bad_fraction=0.02, seed=900, labels=CHARGEBACKS)
+    before = end_offsets(kafka_settings, f"{topic}.labels")
+    run_load(kafka.bootstrap, topic, partitions=4, count=3_000, bad_fraction=0.02, seed=900, labels=SIMULATED)
+    late = [(t, json.loads(v)) for p, o, t, v in read_stamped(kafka_settings, f"{topic}.labels") if o >= before[p]]
+    assert late and all(abs(t * 1000 - r["label_time"]) < 1 for t, r in late)  # Kafka's time is the simulated one
+    stamped = {(p, o): t for p, o, t, _ in read_stamped(kafka_settings, topic)}
+    delays_days = [(t - stamped[r["partition"], r["offset"]]) / 86_400 for t, r in late]
+    assert 1.5 < statistics.median(delays_days) < 2.7, statistics.median(delays_days)  # lognormal, median 2 days
     train(config(tmp_path, topic, pipeline="fraud_chargebacks", workers=1, until_idle_s=4.0, ingest=ingest),
           kafka_settings)
     again = assert_feedback_exactly_once(kafka_settings, cfg)

@@ -157,15 +157,17 @@ class _StubProducer:
     def __init__(self, config: dict):
         self.config, self.sent, self.calls, self.unsent = config, [], 0, 0
         self.offsets: dict[tuple[str, int], int] = {}  # the broker's next offset per topic partition
+        self.stamps: list[int | None] = []  # each message's Kafka timestamp (ms), None: the broker's clock
 
     def list_topics(self, topic, timeout):
         return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=dict.fromkeys(range(4)))})
 
-    def produce(self, topic, value, key, partition, on_delivery=None):
+    def produce(self, topic, value, key, partition, on_delivery=None, timestamp=None):
         self.calls += 1
         if self.calls % 500 == 0:
             raise BufferError("queue full")  # run_load must retry, not drop
         self.sent.append((key, value, partition))
+        self.stamps.append(timestamp)
         offset = self.offsets[topic, partition] = self.offsets.get((topic, partition), -1) + 1
         if on_delivery is not None:  # acknowledged at once
             on_delivery(None, SimpleNamespace(offset=lambda: offset))

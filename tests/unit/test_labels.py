@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -52,12 +53,12 @@ def test_labels_leave_when_due_soonest_first_with_the_events_answer():
     late = queue.due(105.0)
     assert 0 < len(early) < len(events) and len(early) + len(late) == len(events) and len(queue) == 0
     truth = {e["event_id"]: e for e in events}
-    for value, key, partition in early + late:
+    for value, key, partition, label_ms in early + late:
         label = json.loads(value)
         event = truth[label["event_id"]]
         assert label["label"] == event["is_fraud"] and key == event["customer_id"].encode()
         assert partition == partition_for(key, 4)  # a label lands in its event's partition number
-        assert 1000 <= label["label_time"] - event["event_time"] <= 5000
+        assert 1000 <= label["label_time"] - event["event_time"] <= 5000 and label_ms == label["label_time"]
 
 
 def test_the_unlabelled_share_never_gets_a_label_and_the_draws_repeat_per_seed():
@@ -80,9 +81,9 @@ def test_run_load_sends_each_valid_events_label_after_it_and_none_for_bad_events
     topics: list[str] = []
     record = generator._produce
 
-    def produce(producer, topic, value, key, partition, failures):
+    def produce(producer, topic, value, key, partition, failures, **extra):
         topics.append(topic)
-        record(producer, topic, value, key, partition, failures)
+        record(producer, topic, value, key, partition, failures, **extra)
 
     monkeypatch.setattr(generator, "_produce", produce)
     plan = LabelPlan(parse_label_delay("fixed:0.2"), unlabelled_fraction=0.1)
@@ -93,7 +94,7 @@ def test_run_load_sends_each_valid_events_label_after_it_and_none_for_bad_events
     assert topics.index("tx.labels") > 0 and len(events) == summary["events"] == 3000 and summary["bad"] == 60
     assert summary["labels"] == {"topic": "tx.labels", "sent": len(labels), "delay": "fixed:0.2",
                                  "unlabelled": summary["valid"] - len(labels), "unlabelled_fraction": 0.1,
-                                 "fraud_only": False}
+                                 "fraud_only": False, "simulated_clock": False}
     assert 0.07 < summary["labels"]["unlabelled"] / summary["valid"] < 0.13
     valid = [json.loads(v) for v in events if v.startswith(b'{"event_id":"5-')]
     assert len(valid) == summary["valid"] and all("is_fraud" not in e for e in valid)
@@ -119,6 +120,32 @@ def test_with_fraud_only_the_frauds_and_only_they_get_their_label(stub):  # noqa
         if b'"label"' not in value:
             events.setdefault(partition, []).append(value)
     assert all(json.loads(events[p][o])["event_id"] == i for i, (p, o) in at.items())
+
+
+def test_on_a_simulated_clock_every_message_carries_its_simulated_time_and_labels_keep_simulated_delays(stub):  # noqa: F811
+    """Weeks in seconds: events stamped with their own time, each label with its event's time
+    plus its delay, sent in that order, and the wall clock taking far less than the delays."""
+    plan = LabelPlan(parse_label_delay("lognormal:2d:1"), fraud_only=True, simulated=True)
+    started = time.monotonic()
+    summary = run_load("localhost:1", "tx", partitions=4, count=20_000, bad_fraction=0.01, seed=3, labels=plan)
+    assert time.monotonic() - started < 60 and summary["labels"]["simulated_clock"]
+    sent, stamps = stub[0].sent, stub[0].stamps
+    valid = {json.loads(v)["event_id"]: json.loads(v)["event_time"] for _, v, _ in sent
+             if v.startswith(b'{"event_id":"3-') and b'"label"' not in v}
+    events = [(valid.get(json.loads(v)["event_id"]) if v.startswith(b'{"event_id":"3-') else None, t)
+              for (_, v, _), t in zip(sent, stamps, strict=True) if b'"label"' not in v]
+    assert all(t is not None for _, t in events) and all(e == t for e, t in events if e is not None)
+    assert len(valid) == summary["valid"]
+    labels = [(json.loads(v), t) for (_, v, _), t in zip(sent, stamps, strict=True) if b'"label"' in v]
+    assert len(labels) > 100 and all(lab["label_time"] == t for lab, t in labels)
+    assert [t for _, t in labels] == sorted(t for _, t in labels)  # sent in simulated due order
+    span_days = (max(t for _, t in labels) - min(e for e, _ in events if e)) / 86_400_000
+    assert span_days > 5  # weeks of simulated time (20,000 events are ~0.9 simulated days of events)
+
+
+def test_delays_take_units():
+    assert parse_label_delay("lognormal:5d:1") == LabelDelay("lognormal", 432_000.0, 1.0)
+    assert parse_label_delay("uniform:15m:2h") == LabelDelay("uniform", 900.0, 7200.0)
 
 
 def test_lognormal_delays_have_the_median_they_are_given():
