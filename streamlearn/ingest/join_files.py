@@ -144,7 +144,8 @@ class JoinFiles:
 
     def _rewrite(self, directory: Path, key: str, segs: list[Segment], new: dict[str, np.ndarray],
                  alive: np.ndarray, lo: int, hi: int, pending: int) -> Segment:
-        """The waiting rows of `segs` and the new ones, as one segment."""
+        """The waiting rows of `segs` and the new ones, as one segment. (Eight parameters: the one
+        side's whole state as `write` unpacked it, passed on rather than packed again.)"""
         parts = _waiting(self.previous, segs, alive, lo)
         rows = {n: np.concatenate([p[n] for p in parts] + [a]) for n, a in new.items()}
         if len(rows["seq"]) != pending:

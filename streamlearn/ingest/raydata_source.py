@@ -112,6 +112,8 @@ class WindowFeed:
 
 def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int,
               fetch_timeout_s: float = LANE_FETCH_TIMEOUT_S, pipeline: Pipeline | None = None):
+    # Plain values, not an object: Ray Data pickles these arguments into each read task, and the
+    # lane needs no more of the run than this (eight, where `_joined_lane` passes them on).
     """One lane, for the life of the Dataset: a generator of one-row Arrow tables, one per window
     slice that has events. It ends after the window that stops the run, or once its group is
     gone (the feed, owned by the group's rank 0, dies with it). With joined labels (a
@@ -150,7 +152,7 @@ def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: in
 
 
 def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int,
-                 fetch_timeout_s: float, pipeline: Pipeline):
+                 fetch_timeout_s: float, pipeline: Pipeline):  # read_lane's own, passed on
     """`read_lane` with joined labels: every window gives one row per lane, even an empty one
     (its count is the messages read plus one), so that the ranks know every lane's join state
     at a checkpoint window and count a window complete only once every lane has spoken."""
@@ -321,7 +323,7 @@ def reserve_lanes(name: str, lanes: int) -> PlacementGroup:
 
 
 def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline, feed, lanes: int,
-          name: str, room: PlacementGroup) -> ray.data.Dataset:
+          name: str, room: PlacementGroup) -> ray.data.Dataset:  # once per group: the lanes' arguments, and where
     """The Dataset of decoded window slices. Built on rank 0 once per group; runs from the first pull.
 
     Read and decode are one task per lane: a task-pool `map_batches` with the read's size and

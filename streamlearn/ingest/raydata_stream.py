@@ -75,6 +75,7 @@ class RayDataStream:
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
                  rank: int, world: int, phases: Phases | None = None, gen: int = 0):
+        # WorkerStream's constructor (once per group) and the group's number, which names its Dataset.
         self.settings, self.topic, self.dlq_topic, self.group_id = settings, topic, dlq_topic, group_id
         self.pipeline, self.rank, self.world = pipeline, rank, world
         self.gen = gen  # the run's group number: a warm resize runs two groups' Datasets at once

@@ -56,6 +56,8 @@ class Stream(Protocol):
 class WorkerStream:
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
                  rank: int, world: int, phases: Phases | None = None):
+        # The ingest modes' one constructor (train/loop.py builds either): the run's topics, the
+        # pipeline, and where this rank stands; called once per group, never per window.
         self.pipeline, self.rank, self.world = pipeline, rank, world
         self.phases = phases or Phases(rank)
         self.reader = RangeReader(settings, topic, group_id)

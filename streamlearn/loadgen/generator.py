@@ -366,6 +366,110 @@ def _status(sent: int, bad: int, elapsed: float, current: float) -> Text:
     return Text(f"load: {current:,.0f} events/s now · {sent:,} sent ({bad:,} bad) · {elapsed:,.1f} s")
 
 
+class _Labels:
+    """A run's labels (streamlearn/loadgen/labels.py): queued as their events go, sent when due, on
+    the wall's clock or the events' simulated one, a chargeback once its event's offset is known."""
+
+    def __init__(self, plan: LabelPlan, seed: int, producer: Producer, topic: str, failures: list[str]):
+        self.plan, self.producer, self.topic, self.failures = plan, producer, topic, failures
+        self.queue, self.sent = LabelQueue(plan, seed), 0
+        self.started = time.monotonic()
+        self.first_ms: int | None = None  # the simulated clock: the first and the newest event time sent
+        self.last_ms = 0
+        self.events_done_at: float | None = None
+
+    def stamp(self, event: dict, valid: bool) -> dict[str, Any]:
+        """What `produce` takes beside the event: its simulated time, and for a reported event a
+        delivery callback that learns its offset."""
+        extra: dict[str, Any] = {}
+        if self.plan.simulated:  # the Kafka timestamp is the event's own time
+            extra["timestamp"] = self.last_ms = event["event_time"]
+            self.first_ms = self.last_ms if self.first_ms is None else self.first_ms
+        if valid and self.plan.fraud_only and event["is_fraud"]:  # its chargeback names the offset it gets
+            extra["on_delivery"] = self._delivered(event["event_id"])
+        return extra
+
+    def _delivered(self, event_id: str):
+        def on_delivery(err, msg) -> None:
+            if err is not None:
+                self.failures.append(str(err))
+            else:
+                self.queue.delivered(event_id, msg.offset())
+        return on_delivery
+
+    def now(self, wall: float) -> float:
+        """The labels' clock: the wall's, or the simulated time the events sent reached, running
+        on at the run's pace once they are all out."""
+        if not self.plan.simulated:
+            return wall
+        if self.events_done_at is None or self.first_ms is None:
+            return self.last_ms / 1000
+        pace = (self.last_ms - self.first_ms) / max(self.events_done_at - self.started, 1e-3)  # ms a wall second
+        return (self.last_ms + (wall - self.events_done_at) * pace) / 1000
+
+    def send_due(self, wall: float) -> None:
+        for value, key, partition, label_ms in self.queue.due(self.now(wall)):
+            stamp = {"timestamp": label_ms} if self.plan.simulated else {}
+            _produce(self.producer, self.topic, value, key, partition, self.failures, **stamp)
+            self.sent += 1
+
+    def drain(self, bootstrap: str) -> None:
+        """The events are out; their labels keep their delays."""
+        self.events_done_at = time.monotonic()
+        while len(self.queue):
+            self.send_due(time.monotonic())
+            wait = self.queue.next_due() - self.now(time.monotonic()) if len(self.queue) else 0.0
+            if self.plan.simulated:  # in wall seconds, at the run's pace
+                wait = 0.0 if wait <= 0 else _SLICE_S * 10
+            self.producer.poll(min(max(wait, 0.001), _SLICE_S * 10))  # serves the delivery reports a report waits on
+            if self.failures:
+                raise KafkaUnavailable(f"Kafka at {bootstrap} did not take labels: {self.failures[0]}")
+
+    def summary(self) -> dict[str, Any]:
+        plan = self.plan
+        return {"topic": self.topic, "sent": self.sent, "unlabelled": self.queue.unlabelled, "delay": str(plan.delay),
+                "unlabelled_fraction": plan.unlabelled_fraction, "fraud_only": plan.fraud_only,
+                "simulated_clock": plan.simulated}
+
+
+class _Malformed:
+    """The malformed share of a run, evenly spread: the exact share of every prefix of the run."""
+
+    def __init__(self, fraction: float, seed: int):
+        self.fraction, self.seed, self.rng = fraction, seed, random.Random(seed)
+        self.count, self.by_reason = 0, {}
+
+    def instead_of(self, sent: int) -> bytes | None:
+        """A malformed message to send as message number `sent + 1`, or None."""
+        if int((sent + 1) * self.fraction) <= int(sent * self.fraction):
+            return None
+        value, code = malformed_message(self.rng, self.count, run=self.seed)
+        self.count += 1
+        self.by_reason[code] = self.by_reason.get(code, 0) + 1
+        return value
+
+
+def _producer_config(bootstrap: str, overrides: dict[str, Any] | None, failures: list[str],
+                     labels: LabelPlan | None) -> dict[str, Any]:
+    def on_delivery(err, _msg) -> None:  # called for failures only (delivery.report.only.error), or per event
+        if err is not None:
+            failures.append(str(err))
+
+    config = {**_PRODUCER_DEFAULTS, **(overrides or {}), "bootstrap.servers": bootstrap, "on_delivery": on_delivery}
+    if labels is not None and labels.fraud_only:  # a chargeback names its event's offset: from its delivery report
+        config["delivery.report.only.error"] = False
+    return config
+
+
+def _check_load(count: int | None, duration: float | None, partitions: int, bad_fraction: float) -> None:
+    if count is None and duration is None:
+        raise ConfigError("run_load needs count= and/or duration=, or it would never stop")
+    if (count is not None and count < 0) or (duration is not None and duration <= 0) or partitions < 1:
+        raise ConfigError(f"need count >= 0, duration > 0, partitions >= 1; got {count}, {duration}, {partitions}")
+    if not 0.0 <= bad_fraction < 1.0:
+        raise ConfigError(f"bad_fraction is a share of events in [0, 1), got {bad_fraction}")
+
+
 def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | None = None,
              count: int | None = None, duration: float | None = None, bad_fraction: float = 0.0, seed: int = 0,
              drift_at: int | None = None, progress: bool = False,
@@ -376,63 +480,19 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
     With `labels`, events go without their label and the labels follow on `<topic>.labels`
     (streamlearn/loadgen/labels.py); run_load returns once the last label due has gone.
     Nothing is dropped: a full local queue is drained and retried; any message Kafka did
-    not acknowledge by the end raises KafkaUnavailable.
+    not acknowledge by the end raises KafkaUnavailable. (Keyword arguments, each a knob of
+    the run; the CLI's `streamlearn load` passes them through.)
     """
-    if count is None and duration is None:
-        raise ConfigError("run_load needs count= and/or duration=, or it would never stop")
-    if (count is not None and count < 0) or (duration is not None and duration <= 0) or partitions < 1:
-        raise ConfigError(f"need count >= 0, duration > 0, partitions >= 1; got {count}, {duration}, {partitions}")
-    if not 0.0 <= bad_fraction < 1.0:
-        raise ConfigError(f"bad_fraction is a share of events in [0, 1), got {bad_fraction}")
+    _check_load(count, duration, partitions, bad_fraction)
     failures: list[str] = []
-
-    def on_delivery(err, _msg) -> None:  # called for failures only (delivery.report.only.error)
-        if err is not None:
-            failures.append(str(err))
-
-    config = {**_PRODUCER_DEFAULTS, **(producer_config or {}),
-              "bootstrap.servers": bootstrap, "on_delivery": on_delivery}
-    if labels is not None and labels.fraud_only:  # a chargeback names its event's offset: from its delivery report
-        config["delivery.report.only.error"] = False
+    config = _producer_config(bootstrap, producer_config, failures, labels)
     producer = Producer(config)
     _check_topic(producer, bootstrap, topic, partitions)
-    labels_topic = topic + LABELS_SUFFIX
-    label_queue = LabelQueue(labels, seed) if labels else None
-    if label_queue is not None:
-        _check_topic(producer, bootstrap, labels_topic, partitions)
-
-    def reported(event_id: str):
-        def on_delivered(err, msg) -> None:
-            if err is not None:
-                failures.append(str(err))
-            else:
-                label_queue.delivered(event_id, msg.offset())
-        return {"on_delivery": on_delivered}
-
-    def send_due_labels(now: float) -> int:
-        due = label_queue.due(now) if label_queue is not None else []
-        for value, key, partition, label_ms in due:
-            stamp = {"timestamp": label_ms} if simulated else {}
-            _produce(producer, labels_topic, value, key, partition, failures, **stamp)
-        return len(due)
-
-    def clock_now(now: float) -> float:
-        """Where the labels' clock is: the wall's, or the simulated time the events sent reached,
-        running on at the run's pace once they are all out."""
-        if not simulated:
-            return now
-        if events_done_at is None or sim_started is None:
-            return sim_last / 1000
-        pace = (sim_last - sim_started) / max(events_done_at - start, 1e-3)  # simulated ms a wall second
-        return (sim_last + (now - events_done_at) * pace) / 1000
-
-    sim, pacer, bad_rng = BankingSimulator(seed, drift_at=drift_at), _Pacer(profile), random.Random(seed)
-    simulated = labels is not None and labels.simulated
-    sim_started = events_done_at = None  # the simulated clock: first and newest event time sent (ms)
-    sim_last = 0
-    sent = bad = labels_sent = 0
-    by_reason: dict[str, int] = {}
-    per_partition = [0] * partitions
+    sender = _Labels(labels, seed, producer, topic + LABELS_SUFFIX, failures) if labels else None
+    if sender is not None:
+        _check_topic(producer, bootstrap, sender.topic, partitions)
+    sim, pacer, bad = BankingSimulator(seed, drift_at=drift_at), _Pacer(profile), _Malformed(bad_fraction, seed)
+    sent, per_partition = 0, [0] * partitions
     start = time.monotonic()
     shown_at, shown_sent, current = start, 0, 0.0
     live = Live(console=Console(stderr=True), refresh_per_second=4) if progress else nullcontext()
@@ -441,61 +501,45 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             now = time.monotonic()
             if duration is not None and now - start >= duration:
                 break
-            labels_sent += send_due_labels(clock_now(now))
-            n = pacer.take(now - start)
-            if count is not None:
-                n = min(n, count - sent)
+            if sender is not None:
+                sender.send_due(now)
+            n = min(pacer.take(now - start), count - sent) if count is not None else pacer.take(now - start)
             if n == 0:
                 producer.poll(pacer.wait_s(now - start))  # sleeps, serving delivery reports meanwhile
                 continue
             events = sim.events(n)
             labelled: tuple[list, list, list] = ([], [], [])  # the valid events sent: their labels follow
-            for event, value in zip(events, encode_batch(events, with_label=label_queue is None), strict=True):
+            for event, value in zip(events, encode_batch(events, with_label=sender is None), strict=True):
                 key = event["customer_id"].encode()
-                partition, extra = partition_for(key, partitions), {}
-                if simulated:  # the Kafka timestamp is the event's own time
-                    extra["timestamp"] = sim_last = event["event_time"]
-                    sim_started = sim_last if sim_started is None else sim_started
-                if int((sent + 1) * bad_fraction) > int(sent * bad_fraction):  # evenly spread, exact share
-                    value, code = malformed_message(bad_rng, bad, run=seed)
-                    bad += 1
-                    by_reason[code] = by_reason.get(code, 0) + 1
-                elif label_queue is not None:
+                partition = partition_for(key, partitions)
+                malformed = bad.instead_of(sent)
+                extra = sender.stamp(event, valid=malformed is None) if sender is not None else {}
+                if malformed is not None:
+                    value = malformed
+                elif sender is not None:
                     for column, item in zip(labelled, (event, key, partition), strict=True):
                         column.append(item)
-                    if labels.fraud_only and event["is_fraud"]:  # its chargeback names the offset it gets
-                        extra |= reported(event["event_id"])
                 _produce(producer, topic, value, key, partition, failures, **extra)
                 per_partition[partition] += 1
                 sent += 1
-            if label_queue is not None:  # delays count from when the chunk's last event went, not from `now`:
-                label_queue.add(*labelled, sent_at=time.monotonic())  # a slow chunk must not shorten them
+            if sender is not None:  # delays count from when the chunk's last event went, not from `now`:
+                sender.queue.add(*labelled, sent_at=time.monotonic())  # a slow chunk must not shorten them
             producer.poll(0)
             if failures:
                 raise KafkaUnavailable(f"Kafka at {bootstrap} did not take events: {failures[0]}")
             if progress and now - shown_at >= 0.25:
                 current, shown_at, shown_sent = (sent - shown_sent) / (now - shown_at), now, sent
-                live.update(_status(sent, bad, now - start, current))
-        events_done_at = time.monotonic()
-        while label_queue is not None and len(label_queue):  # the events are out; their labels keep their delays
-            labels_sent += send_due_labels(clock_now(time.monotonic()))
-            wait = label_queue.next_due() - clock_now(time.monotonic()) if len(label_queue) else 0.0
-            if simulated:  # in wall seconds, at the run's pace
-                wait = 0.0 if wait <= 0 else _SLICE_S * 10
-            producer.poll(min(max(wait, 0.001), _SLICE_S * 10))  # serves the delivery reports a due report waits on
-            if failures:
-                raise KafkaUnavailable(f"Kafka at {bootstrap} did not take labels: {failures[0]}")
+                live.update(_status(sent, bad.count, now - start, current))
+        if sender is not None:
+            sender.drain(bootstrap)
         unsent = producer.flush(float(config["delivery.timeout.ms"]) / 1000 + 5)
         if progress:
-            live.update(_status(sent, bad, time.monotonic() - start, current))
+            live.update(_status(sent, bad.count, time.monotonic() - start, current))
     if unsent or failures:
         raise KafkaUnavailable(f"{unsent} event(s) still queued and {len(failures)} failed after flushing to "
                                f"{bootstrap}: {failures[0] if failures else 'broker did not acknowledge in time'}")
     seconds = time.monotonic() - start
-    return {"events": sent, "valid": sent - bad, "bad": bad, "bad_by_reason": by_reason,
+    return {"events": sent, "valid": sent - bad.count, "bad": bad.count, "bad_by_reason": bad.by_reason,
             "per_partition": dict(enumerate(per_partition)), "seconds": seconds,
             "events_per_s": sent / seconds if seconds > 0 else 0.0, "topic": topic,
-            **({"labels": {"topic": labels_topic, "sent": labels_sent, "unlabelled": label_queue.unlabelled,
-                           "delay": str(labels.delay), "unlabelled_fraction": labels.unlabelled_fraction,
-                           "fraud_only": labels.fraud_only, "simulated_clock": labels.simulated}}
-               if label_queue is not None else {})}
+            **({"labels": sender.summary()} if sender is not None else {})}

@@ -65,7 +65,8 @@ def _files(directory: Path) -> list[str]:
 def publish(run_dir: str | Path, version: int, model_state: dict, optimizer_state: dict | None,
             meta: dict[str, Any], join: tuple[JoinFiles, dict[str, np.ndarray]] | None = None,
             evidence: dict[str, np.ndarray] | None = None) -> Path:
-    """Write checkpoint `version` into the run directory, whole or not at all, and durably.
+    """Write checkpoint `version` into the run directory, whole or not at all, and durably. (Seven
+    parameters: a checkpoint's parts, each its own file; once every checkpoint, never per window.)
 
     Written beside its final name and renamed into place (atomic on one filesystem), then the
     files and the directory are fsynced: the caller commits Kafka offsets next, and those must

@@ -121,6 +121,7 @@ class ModelStore:
                  quality_alpha: float = 0.02, served_auc_floor: float = 0.7, max_abs_weight: float = 1e4,
                  poll_interval_s: float = 0.5, swap_delay_s: float = 0.0, max_behind_versions: int = 10,
                  max_behind_s: float = 300.0, timeline: str = ""):
+        # Keyword settings, one per ScorerConfig field (serve/config.py builds the store from it), once per replica.
         self.pipeline = pipeline
         bind(pipeline=pipeline.name)  # one store per replica process: its log lines say which pipeline
         self.run_dir = Path(run_dir)

@@ -57,6 +57,7 @@ def compare(task: str, candidate: np.ndarray, served: np.ndarray, targets: np.nd
 
 def _verdict(metric: str, events: int, positives: int | None, cand: float, serv: float, better_by: float,
              se: float, tolerance: float, z: float) -> Comparison:
+    # Nine: the Comparison's own fields, computed by the two tests that call this; once a judgement.
     upper = better_by + z * se  # the best the candidate may be, relative to served, at this confidence
     hold = upper < -tolerance
     why = (f"{metric} {cand:.4f} against the served model's {serv:.4f} on the same {events} events: "

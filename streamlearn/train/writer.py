@@ -47,7 +47,8 @@ class CheckpointWriter:
     def submit(self, version: int, model_state: dict, optimizer_state: dict | None, meta: dict,
                offsets: dict[int, int], then: Callable[[], None], join: dict | None = None,
                evidence: dict | None = None) -> None:
-        """Queue checkpoint `version`. Everything is copied here, before returning: the training
+        """Queue checkpoint `version` (eight parameters: `checkpoint.publish`'s parts, the offsets to
+        commit after it, and what to run then). Everything is copied here, before returning: the training
         thread moves on and changes the model, the optimizer and the lineage's offsets (a meta
         that still referred to the live offsets claimed windows its model had not learned: the
         aimed kill after publish found it as events skipped after a restore)."""
@@ -59,6 +60,7 @@ class CheckpointWriter:
                                                then, join, evidence))
 
     def _write(self, version, model_state, optimizer_state, meta, offsets, then, join=None, evidence=None) -> None:
+        # `submit`'s parameters, in the writer's thread.
         faults.point("before_checkpoint_write")
         ckpt.publish(self.run_dir, version, model_state, optimizer_state, meta,
                      None if join is None else (self._join, join), evidence)
