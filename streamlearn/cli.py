@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -201,6 +202,12 @@ def demo(duration: float | None = typer.Option(None, help="Stop after this many 
                                                          "(default 150,000); the demo says when training noticed.")):
     """Run the whole system locally: Kafka, Ray (dashboard), training job, scorer, load generator."""
     from streamlearn.demo import DemoConfig, run_demo
+
+    # Ctrl-C is the demo's own: it stops what it started in order (streamlearn/demo.py), which takes
+    # longer than STOP_WITHIN_S, and must not be cut short by it; SIGTERM stays Python's default.
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     given = {"profile": profile or None, "drift_at": drift_at, "home": Path(home) if home else None}
     run_demo(DemoConfig(duration_s=duration, pipeline=pipeline,
@@ -425,12 +432,23 @@ def cluster_status(port: int = typer.Option(..., help="The port `cluster up` pri
     _print_json(status(port))
 
 
+STOP_WITHIN_S = 4.0  # Ctrl-C or SIGTERM to exit, at most (issue 47: 5 s at any moment)
+
+
 def main() -> None:
+    from streamlearn.procs import exit_within, stop_on_signals
+
+    stop_on_signals(STOP_WITHIN_S)
     try:
         app()
     except StreamlearnError as e:
         print(f"streamlearn: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was started is stopped on the way out; one line
+        exit_within(STOP_WITHIN_S, 130)
+        print("streamlearn: interrupted", file=sys.stderr)
+        sys.exit(130)
+
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 import time
 import urllib.request
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
 from streamlearn.localray import ClientAuth, client_auth, forget_recorded, ray_cli, start_local_ray
 from streamlearn.monitor import PROMETHEUS_HOST_VAR, Monitor, follow_session, up_before_head
+from streamlearn.procs import ctrl_c_left_to_us
 from streamlearn.rundir import checkpoint as ckpt
 
 
@@ -171,22 +171,6 @@ def start_ray(dashboard_port: int, prometheus_dir: Path, object_store_mb: int = 
             prometheus.down()
         raise
     return ctx, prometheus
-
-
-@contextmanager
-def ctrl_c_left_to_us():
-    """Processes started inside it ignore SIGINT (they inherit that). Ray's head processes are
-    this process's children, in its process group, so a terminal's Ctrl-C reached them too, and
-    the demo's orderly stop then hung on a half-dead dashboard (stopping the training job waited
-    forever). Ctrl-C is the demo's to handle: it stops them itself, in order."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set signal handlers, and only it gets Ctrl-C anyway
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _start_prometheus(data_dir: Path) -> Monitor | None:

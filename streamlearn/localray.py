@@ -172,4 +172,7 @@ def join_ray(address: str | None = None, *, local_if_none: bool, **kwargs: Any):
 
         log("ray_record_stale", level="warning", address=recorded, record=record,
             action="starting a local Ray head; the record is left for `ray stop` to remove")
-    return ray.init(address="local", **kwargs)
+    from streamlearn.procs import ctrl_c_left_to_us
+
+    with ctrl_c_left_to_us():  # the head's processes leave Ctrl-C to this one, which stops them in order
+        return ray.init(address="local", **kwargs)

@@ -1,11 +1,15 @@
-"""Stopping a process this project started, by its pid: the one way broker and Prometheus go."""
+"""Stopping processes this project started: by pid (the one way broker and Prometheus go),
+and on Ctrl-C or SIGTERM, within seconds."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 
 def terminate(pid: int, alive: Callable[[int], bool], timeout_s: float) -> None:
@@ -17,3 +21,78 @@ def terminate(pid: int, alive: Callable[[int], bool], timeout_s: float) -> None:
         time.sleep(0.1)
     if alive(pid):
         os.kill(pid, signal.SIGKILL)
+
+
+@contextmanager
+def ctrl_c_left_to_us():
+    """Processes started inside it never see Ctrl-C: SIGINT is blocked while they start, and they
+    inherit the blocked mask. Ray's head processes are this process's children, in its process
+    group, so a terminal's Ctrl-C reached them too, and the demo's orderly stop then hung on a
+    half-dead dashboard (stopping the training job waited forever), and `streamlearn train`'s on
+    a half-dead head. Ctrl-C is the command's to handle: it stops them itself, in order. Blocked,
+    not ignored: a Ctrl-C that comes meanwhile is this process's as soon as the block ends (with
+    SIG_IGN it was lost, and `train` went on training)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread gets Ctrl-C handled, and its children are the ones that matter
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+_exiting = threading.Event()
+
+
+def _kill_children() -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def exit_within(seconds: float, code: int) -> None:
+    """After Ctrl-C or SIGTERM: the command unwinds, and whatever still runs `seconds` later is
+    killed with its children (os._exit), so no command outlives its user's patience; and the
+    children still running when it exits go with it (a local Ray head half-started when the
+    signal came left its agents behind)."""
+    if _exiting.is_set():
+        return
+    _exiting.set()
+    atexit.register(_kill_children)  # registered last, so run before Ray's own shutdown hook
+
+    def force() -> None:
+        _kill_children()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True  # runs on through the interpreter's exit, where Ray's shutdown hook waits
+    timer.start()
+
+
+def stop_on_signals(seconds: float) -> None:
+    """Ctrl-C and SIGTERM both unwind the command as KeyboardInterrupt, and start the clock on its
+    exit at once, from a thread of its own: Python runs a signal handler only between bytecodes of
+    the main thread, and a main thread inside Ray's start-up (C++) did not get back to one for 30 s
+    and more. Python's C-level handler writes each signal's number to the wake-up fd as it comes,
+    whatever the main thread does (and goes on doing so after Ray's driver sets its own SIGTERM
+    handler, a SystemExit(15))."""
+    def handler(_signum, _frame) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while (number := os.read(read, 1)[0]) not in (signal.SIGINT, signal.SIGTERM):
+            continue  # another signal with a Python handler (Ray's): not a stop
+        exit_within(seconds, 128 + number)
+
+    threading.Thread(target=watch, name="stop-on-signal", daemon=True).start()

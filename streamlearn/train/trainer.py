@@ -120,10 +120,12 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
     controller = start_controller(cfg, kafka, policy, workers)
     try:
         _run_groups(cfg, kafka, controller, workers, _consumed(before), started_at)
-    finally:
-        ray.get(controller.stop.remote())  # takes the run's last lag sample
-        time.sleep(metrics.report_interval_s())  # ...which reaches the metrics agent only if it lives this long
+    except BaseException:  # Ctrl-C, SIGTERM (Ray's driver handler exits), a failure: stop now, a user waits
         ray.kill(controller)
+        raise
+    ray.get(controller.stop.remote())  # takes the run's last lag sample
+    time.sleep(metrics.report_interval_s())  # ...which reaches the metrics agent only if it lives this long
+    ray.kill(controller)
     after = _meta_or_none(ckpt.newest(run_dir(cfg)))
     return summarize_run(before, after, time.time() - started)
 
