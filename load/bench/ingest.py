@@ -155,6 +155,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated contenders (direct-1, delayed-2, ...): "
                         "their medians and ratios printed, docs/bench and BENCHMARKS.md left as they are "
                         "(a lent machine's lease holds ~18 runs)")
+    parser.add_argument("--save", default="", help="with --only: also write docs/bench/NAME.json and its section "
+                        "(ingest_rounds: issue 47's Ray Data runs alternating with direct ones in one Ray session)")
     args = parser.parse_args()
     import ray
 
@@ -187,8 +189,18 @@ def main() -> None:
         ray.shutdown()
     if only:
         median_base = statistics.median(base)
-        print(json.dumps({"baseline_events_per_s": median_base, "machine": machine_line(),
-                          **{name: _partial(runs, median_base) for name, runs in done.items()}}))
+        partial = {name: _partial(runs, median_base) for name, runs in done.items()}
+        print(json.dumps({"baseline_events_per_s": median_base, "machine": machine_line(), **partial}))
+        if args.save:  # every run finished: a lost window fails its run (max_failures 0) and the bench with it
+            write_json(args.save, {"events": args.events, "rounds": args.runs, "contenders": partial,
+                                   "runs_completed": {name: len(runs) for name, runs in done.items()},
+                                   "baseline_events_per_s": median_base})
+            write_section(args.save, "Ray Data runs alternating with direct ones in one Ray session (issue 47)",
+                          f"`python -m load.bench.ingest --only {args.only} --runs {args.runs} --events {args.events} "
+                          f"--save {args.save}`: the contenders round after round in one Ray session, each run "
+                          "with `max_failures` 0, so a window Ray Data lost would have failed its run and ended "
+                          "the benchmark. Before the fix (lanes start at window 0, not the oldest window held) "
+                          "the second round's Ray Data run failed so, twice in three tries.\n")
         return
     report(args.events, base, base_quiet, {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"],
            {1: done["delayed-1"], 2: done["delayed-2"]}, done["delayed-ray-data-2"])

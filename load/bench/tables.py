@@ -494,9 +494,17 @@ def feedback_ingest(d: dict) -> str:
     return with_machine(lines, d)
 
 
+def ingest_rounds(d: dict) -> str:
+    rows = [[f"`{name}`", str(d["runs_completed"][name]), num(c["steady_events_per_s"]),
+             f"{min(c['steady_runs']):,.0f}–{max(c['steady_runs']):,.0f}"] for name, c in d["contenders"].items()]
+    lines = table(["contender", "runs completed (no lost window)", "steady events/s (median)", "range"], rows)
+    lines += ["", f"{d['rounds']} rounds of {d['events']:,} events, one Ray session."]
+    return with_machine(lines, d)
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "cpu_labels": cpu_labels, "cpu_roles": cpu_roles, "delayed_feedback": delayed_feedback, "drift": drift,
-    "feedback_ingest": feedback_ingest,
+    "feedback_ingest": feedback_ingest, "ingest_rounds": ingest_rounds,
     "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
     "scaling": scaling, "scoring": scoring, "soak": soak, "warm_pool": warm_pool,

@@ -62,7 +62,8 @@ LANE_FETCH_TIMEOUT_S = 20.0
 
 @ray.remote(num_cpus=0, max_concurrency=64)
 class WindowFeed:
-    """Rank 0 puts each planned window; every lane takes them in order (async: many waiters)."""
+    """Rank 0 puts each planned window; every lane takes them in seq order (async: many waiters;
+    the puts themselves may run in any order)."""
 
     def __init__(self):
         self._windows: dict[int, Window] = {}
@@ -85,13 +86,15 @@ class WindowFeed:
             self._changed.notify_all()
 
     async def next(self, after: int | None, timeout_s: float = 1.0, lane: int = -1) -> Window | None:
-        """The window after seq `after` (the first one fed, for None); None if none came in time."""
+        """The window after seq `after` (the group's first, window 0, for None); None if none came
+        in time. Never "the oldest held": Ray runs an async actor's calls out of order, so rank 0's
+        puts of windows 0, 1, 2 may land 1 first, and lanes that started at the oldest then began
+        at window 1 and never read window 0 ("Ray Data lost its slices", issue 47: the ingest
+        benchmark's Ray Data runs after other runs, when the feed's process started cold)."""
         self._asks[lane] = (after, time.time())
 
         def ready() -> Window | None:
-            if after is None:
-                return self._windows[min(self._windows)] if self._windows else None
-            return self._windows.get(after + 1)
+            return self._windows.get(0 if after is None else after + 1)
 
         async with self._changed:
             try:

@@ -119,8 +119,8 @@ class RayDataStream:
 
     def start(self, dlq_positions: dict[int, int], join_state: dict[str, np.ndarray] | None = None) -> None:
         """After restore: remember the dead letters written past the checkpoint, to skip them;
-        rank 0 hands the checkpoint's join state to the lanes (before the first window: the
-        feed hears one caller in order, and a lane takes the state with its first window)."""
+        rank 0 hands the checkpoint's join state to the lanes (before the first window is put:
+        this waits for it, and a lane takes the state with its first window)."""
         self.dead_letters.skip_written_since(dlq_positions)
         if self.rank == 0 and self.label_topic is not None:
             ray.get(self._feed.set_join_state.remote(join_state or {}))
@@ -146,7 +146,7 @@ class RayDataStream:
     def prefetch(self, window: Window) -> _Pending:
         """Rank 0 feeds the window to the Dataset's lanes; every rank collects it later."""
         if self.rank == 0:
-            self._feed.put.remote(window)  # calls from one caller reach the actor in order
+            self._feed.put.remote(window)  # may run out of order (an async actor): lanes take windows by seq
         return _Pending(self, window)
 
     def collect(self, window: Window) -> Batch:
