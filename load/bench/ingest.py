@@ -200,7 +200,7 @@ def main() -> None:
                           f"--save {args.save}`: the contenders round after round in one Ray session, each run "
                           "with `max_failures` 0, so a window Ray Data lost would have failed its run and ended "
                           "the benchmark. Before the fix (lanes start at window 0, not the oldest window held) "
-                          "the second round's Ray Data run failed so, twice in three tries.\n")
+                          "two benchmarks ended so, each in its second round's Ray Data run (issue 47).\n")
         return
     report(args.events, base, base_quiet, {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"],
            {1: done["delayed-1"], 2: done["delayed-2"]}, done["delayed-ray-data-2"])
