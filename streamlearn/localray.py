@@ -172,7 +172,7 @@ def join_ray(address: str | None = None, *, local_if_none: bool, **kwargs: Any):
 
         log("ray_record_stale", level="warning", address=recorded, record=record,
             action="starting a local Ray head; the record is left for `ray stop` to remove")
-    from streamlearn.procs import ctrl_c_left_to_us
-
-    with ctrl_c_left_to_us():  # the head's processes leave Ctrl-C to this one, which stops them in order
-        return ray.init(address="local", **kwargs)
+    # No SIGINT ignored here, as the demo's head has it (procs.ctrl_c_left_to_us): a Ctrl-C while
+    # the head starts would be lost and training go on. A head half-dead from a Ctrl-C is what the
+    # CLI's exit clock (procs.stop_on_signals) kills, with its children.
+    return ray.init(address="local", **kwargs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,21 +26,20 @@ def terminate(pid: int, alive: Callable[[int], bool], timeout_s: float) -> None:
 
 @contextmanager
 def ctrl_c_left_to_us():
-    """Processes started inside it never see Ctrl-C: SIGINT is blocked while they start, and they
-    inherit the blocked mask. Ray's head processes are this process's children, in its process
-    group, so a terminal's Ctrl-C reached them too, and the demo's orderly stop then hung on a
-    half-dead dashboard (stopping the training job waited forever), and `streamlearn train`'s on
-    a half-dead head. Ctrl-C is the command's to handle: it stops them itself, in order. Blocked,
-    not ignored: a Ctrl-C that comes meanwhile is this process's as soon as the block ends (with
-    SIG_IGN it was lost, and `train` went on training)."""
+    """Processes started inside it ignore SIGINT (they inherit that). Ray's head processes are
+    this process's children, in its process group, so a terminal's Ctrl-C reached them too, and
+    the demo's orderly stop then hung on a half-dead dashboard (stopping the training job waited
+    forever). Ctrl-C is the demo's to handle: it stops them itself, in order. Ignored, not
+    blocked: Ray blocks SIGINT in the head's processes itself, and the demo's stop still hung
+    with that alone (measured: test_demo's Ctrl-C waited out its 150 s)."""
     if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread gets Ctrl-C handled, and its children are the ones that matter
+        yield  # only the main thread may set signal handlers, and only it gets Ctrl-C anyway
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
 
 
 _exiting = threading.Event()
@@ -57,17 +57,25 @@ def _kill_children() -> None:
 
 def exit_within(seconds: float, code: int) -> None:
     """After Ctrl-C or SIGTERM: the command unwinds, and whatever still runs `seconds` later is
-    killed with its children (os._exit), so no command outlives its user's patience; and the
-    children still running when it exits go with it (a local Ray head half-started when the
-    signal came left its agents behind)."""
+    killed with its children (os._exit), so no command outlives its user's patience; once it has
+    unwound, it exits at once the same way, its children with it (a local Ray head half-started
+    when the signal came left its agents behind)."""
     if _exiting.is_set():
         return
     _exiting.set()
-    atexit.register(_kill_children)  # registered last, so run before Ray's own shutdown hook
 
     def force() -> None:
         _kill_children()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
         os._exit(code)
+
+    # At exit, registered last so run first: Ray's own shutdown hook, with its head half-dead, held
+    # the GIL in a 5-s RPC timeout, and the clock's thread could not run until it ended (measured).
+    atexit.register(force)
 
     timer = threading.Timer(seconds, force)
     timer.daemon = True  # runs on through the interpreter's exit, where Ray's shutdown hook waits
@@ -81,7 +89,8 @@ def stop_on_signals(seconds: float) -> None:
     and more. Python's C-level handler writes each signal's number to the wake-up fd as it comes,
     whatever the main thread does (and goes on doing so after Ray's driver sets its own SIGTERM
     handler, a SystemExit(15))."""
-    def handler(_signum, _frame) -> None:
+    def handler(signum, _frame) -> None:
+        exit_within(seconds, 128 + signum)  # here too: a library's event loop may take the wake-up fd over
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, handler)
