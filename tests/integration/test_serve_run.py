@@ -86,7 +86,10 @@ def serve_run(ray_cluster, tmp_path):
     # writes every thread's Python stack into the log (a hung exit then shows where it hangs).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True)  # our SIGINT reaches it alone, as Ctrl-C would
+                               start_new_session=True,  # our SIGINT reaches it alone, as Ctrl-C would
+                               # as from a terminal: a suite run in the background ignores SIGINT (bash
+                               # does for a job started with & where there is no job control)
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         yield process, port, checkpoint_dir / "fraud", started
     finally:

@@ -55,7 +55,10 @@ def _stop(args: list[str], env: dict, after_s: float, sig: signal.Signals, group
     """Run `streamlearn ARGS`, signal it `after_s` in; -> (seconds from the signal to its exit,
     the Ray processes of its group still alive 3 s after)."""
     command = subprocess.Popen([sys.executable, "-m", "streamlearn.cli", *args], env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               # as from a terminal: a suite run in the background ignores SIGINT, and the
+                               # command would inherit that until its own handler is in
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         time.sleep(after_s)
         assert command.poll() is None, f"ended before the signal: {command.stderr.read()[-2000:]}"
