@@ -433,16 +433,14 @@ class _Labels:
 
 
 class _Malformed:
-    """The malformed share of a run, evenly spread: the exact share of every prefix of the run."""
+    """The malformed messages of a run (run_load spreads them evenly: the exact share of every prefix)."""
 
     def __init__(self, fraction: float, seed: int):
         self.fraction, self.seed, self.rng = fraction, seed, random.Random(seed)
         self.count, self.by_reason = 0, {}
 
-    def instead_of(self, sent: int) -> bytes | None:
-        """A malformed message to send as message number `sent + 1`, or None."""
-        if int((sent + 1) * self.fraction) <= int(sent * self.fraction):
-            return None
+    def take(self) -> bytes:
+        """The next malformed message, counted by its reason."""
         value, code = malformed_message(self.rng, self.count, run=self.seed)
         self.count += 1
         self.by_reason[code] = self.by_reason.get(code, 0) + 1
@@ -512,14 +510,17 @@ def run_load(bootstrap: str, topic: str, *, partitions: int, profile: Profile | 
             for event, value in zip(events, encode_batch(events, with_label=sender is None), strict=True):
                 key = event["customer_id"].encode()
                 partition = partition_for(key, partitions)
-                malformed = bad.instead_of(sent)
-                extra = sender.stamp(event, valid=malformed is None) if sender is not None else {}
-                if malformed is not None:
-                    value = malformed
-                elif sender is not None:
-                    for column, item in zip(labelled, (event, key, partition), strict=True):
-                        column.append(item)
-                _produce(producer, topic, value, key, partition, failures, **extra)
+                malformed = int((sent + 1) * bad_fraction) > int(sent * bad_fraction)  # evenly spread, exact share
+                if malformed:
+                    value = bad.take()
+                if sender is None:  # the plain path, per event: no more work than it needs (the demo's rate)
+                    _produce(producer, topic, value, key, partition, failures)
+                else:
+                    extra = sender.stamp(event, valid=not malformed)
+                    if not malformed:
+                        for column, item in zip(labelled, (event, key, partition), strict=True):
+                            column.append(item)
+                    _produce(producer, topic, value, key, partition, failures, **extra)
                 per_partition[partition] += 1
                 sent += 1
             if sender is not None:  # delays count from when the chunk's last event went, not from `now`:
