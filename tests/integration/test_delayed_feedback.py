@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import statistics
-import threading
 import time
 import zlib
 from collections import Counter
@@ -28,47 +27,23 @@ import pytest
 from confluent_kafka import Producer
 
 from pipelines.banking import REPORT, UNLABELLED_TRANSACTION
-from streamlearn.errors import BadEvent, StreamlearnError
+from streamlearn.errors import BadEvent
 from streamlearn.ingest.decode import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.loadgen.generator import run_load
 from streamlearn.loadgen.labels import LabelPlan, encode_label, parse_label_delay
-from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.schema import reason_code
 from streamlearn.train.trainer import run_dir, train
 
 from .streams import dead_letters, read_stamped, read_topic
+from .test_delayed_labels import LabelledLoad
 from .test_faults import Training, checkpoint_after, finish_training, recovery
 from .test_training import INGESTS, config, train_workers
 
 pytestmark = pytest.mark.integration
 CHARGEBACKS = LabelPlan(parse_label_delay("uniform:0.2:3.0"), fraud_only=True)
 SIMULATED = LabelPlan(parse_label_delay("lognormal:2d:0.5"), fraud_only=True, simulated=True)
-
-
-class ChargebackLoad(threading.Thread):
-    """Events at a steady rate, their frauds' chargebacks following, one-second chunks, 2 % malformed."""
-
-    def __init__(self, bootstrap: str, topic: str, seed: int, rate: int = 500):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.seed, self.rate = bootstrap, topic, seed, rate
-        self.stop, self.error = threading.Event(), None
-
-    def run(self):
-        seed = self.seed
-        try:
-            while not self.stop.is_set():
-                run_load(self.bootstrap, self.topic, partitions=4, profile=parse_profile(f"constant:{self.rate}"),
-                         duration=1.0, bad_fraction=0.02, seed=seed, labels=CHARGEBACKS)
-                seed += 1
-        except StreamlearnError as e:
-            self.error = e
-
-    def finish(self):
-        self.stop.set()
-        self.join(60)
-        assert self.error is None, self.error
 
 
 def expected(settings, topic: str) -> dict:
@@ -154,7 +129,8 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
         kafka, kafka_settings, ray_cluster, topic, tmp_path, ingest):
     ensure_topics(kafka_settings, {f"{topic}.labels": 4})
     cfg = config(tmp_path, topic, pipeline="fraud_chargebacks", ingest=ingest)
-    load, training = ChargebackLoad(kafka.bootstrap, topic, seed=600), Training(cfg, kafka_settings)
+    load = LabelledLoad(kafka.bootstrap, topic, seed=600, rate=500, plan=CHARGEBACKS)
+    training = Training(cfg, kafka_settings)
     load.start()
     training.start()
     try:

@@ -45,11 +45,11 @@ CHARGEBACKS = LabelPlan(parse_label_delay("uniform:0.1:0.5"), fraud_only=True)  
 
 
 class LabelledLoad(threading.Thread):
-    """Events at a steady rate with their labels following, one-second chunks, 2 % malformed."""
+    """Events at a steady rate with their labels (`plan`) following, one-second chunks, 2 % malformed."""
 
-    def __init__(self, bootstrap: str, topic: str, seed: int, rate: int = 400):
+    def __init__(self, bootstrap: str, topic: str, seed: int, rate: int = 400, plan: LabelPlan = PLAN):
         super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.seed, self.rate = bootstrap, topic, seed, rate
+        self.bootstrap, self.topic, self.seed, self.rate, self.plan = bootstrap, topic, seed, rate, plan
         self.stop, self.error = threading.Event(), None
 
     def run(self):
@@ -57,7 +57,7 @@ class LabelledLoad(threading.Thread):
         try:
             while not self.stop.is_set():
                 run_load(self.bootstrap, self.topic, partitions=4, profile=parse_profile(f"constant:{self.rate}"),
-                         duration=1.0, bad_fraction=0.02, seed=seed, labels=PLAN)
+                         duration=1.0, bad_fraction=0.02, seed=seed, labels=self.plan)
                 seed += 1
         except StreamlearnError as e:
             self.error = e
