@@ -41,6 +41,10 @@ def _rank(rank: int, init: str, out: str) -> None:
     learner.steps(Shuffled(x, y, np.zeros(len(y), dtype=np.uint32), [len(y)], [sum(SIZES)], 2))
     if rank == 0:
         torch.save(model.module.state_dict(), out)
+    # Both ranks leave together: a rank that tears gloo down while its peer is still in a
+    # collective's tail can abort the peer's transport thread ("terminate called without an
+    # active exception", SIGABRT, seen once in CI).
+    dist.barrier()
     dist.destroy_process_group()
 
 
