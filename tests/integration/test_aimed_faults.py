@@ -115,10 +115,12 @@ def test_exactly_once_when_both_groups_of_a_warm_handover_die(kafka, kafka_setti
     the hand-over); then the new group's rank 1 right after it was told to take over, before it
     restores (its restart must restore the newest checkpoint, not start from the one it was
     handed before the old group's restart). One run, both faults, one exactly-once check."""
-    # fraud_heavy learns 11-20k events/s per worker here: a 150k burst is far more than one worker
-    # drains in --target-drain (4 s), so the policy asks for a second; no resize back (down cool-down
-    # > run). With 10 s a faster worker was found to fit once its rate was known (16k/s, 2026-11-28):
-    # no resize, and the trickle went on until the test's timeout.
+    # fraud_heavy learns 11-35k events/s per worker here. The policy decides only once the group
+    # learns, and an up cool-down (3 s) later, i.e. on its third sample (2 s apart), by when its
+    # capacity estimate has risen from the floor: the backlog left then must exceed ~4 s of that
+    # capacity. 150k was found drained in time by a fast worker (CI rehearsal, 2026-11-29: no
+    # resize); 300k leaves >= 90k at 35k/s. No resize back (down cool-down > run). With a 10-s
+    # --target-drain a faster worker was found to fit once its rate was known (16k/s, 2026-11-28).
     cfg = config(tmp_path, topic, pipeline="fraud_heavy", workers=1, until_idle_s=6.0,
                  checkpoint_every_s=2.0, checkpoint_every_steps=200, window_events=8192, batch_size=256,
                  max_failures=2)
@@ -126,7 +128,7 @@ def test_exactly_once_when_both_groups_of_a_warm_handover_die(kafka, kafka_setti
                            capacity_floor=2000, normal_lag_s=cfg.checkpoint_every_s, warm_wait_s=240)
     spec = "handover_stop_published@rank0,handover_go@rank1"
     monkeypatch.setenv(faults.ENV, spec)
-    summary = train_through_a_burst(kafka, kafka_settings, cfg, policy, seed=51,
+    summary = train_through_a_burst(kafka, kafka_settings, cfg, policy, seed=51, burst=300_000,
                                     until=lambda: bool(_rows(run_dir(cfg) / "resizes.jsonl")))
 
     for one in spec.split(","):

@@ -51,8 +51,8 @@ def test_warm_resizes_with_ray_data_learn_every_event_once(kafka, kafka_settings
 
 
 def train_through_a_burst(kafka, kafka_settings, cfg, policy: ScalingPolicy, *, seed: int, until,
-                          trickle_s: float = 300.0) -> dict:
-    """Train under `policy` while 150k events (1 % bad) go into the topic at once and then a
+                          trickle_s: float = 300.0, burst: int = 150_000) -> dict:
+    """Train under `policy` while `burst` events (1 % bad) go into the topic at once and then a
     trickle of 300 events/s until `until()` holds (at most `trickle_s`: a resize that never comes
     fails the caller's assertions, not the test's timeout), so the old group is still learning
     when a new one is ready; then silence, and `--until-idle` ends the run. Returns train()'s
@@ -60,7 +60,7 @@ def train_through_a_burst(kafka, kafka_settings, cfg, policy: ScalingPolicy, *, 
     stop = threading.Event()
 
     def produce():
-        run_load(kafka.bootstrap, cfg.topic, partitions=4, count=150_000, bad_fraction=0.01, seed=seed,
+        run_load(kafka.bootstrap, cfg.topic, partitions=4, count=burst, bad_fraction=0.01, seed=seed,
                  progress=False)
         chunk, give_up = seed + 1, time.monotonic() + trickle_s
         while not stop.is_set() and not until() and time.monotonic() < give_up:
