@@ -141,6 +141,9 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
                                                               "reads Kafka) or 'ray-data' (a Ray Data pipeline "
                                                               "reads, decodes and splits them)."),
           use_gpu: bool = typer.Option(TrainConfig.use_gpu, help="NCCL on GPUs instead of gloo on CPUs."),
+          sync: str = typer.Option(TrainConfig.sync, help="How workers stay one model: 'step' (DDP: every "
+                                                          "step's gradients allreduced) or 'window' (each rank "
+                                                          "steps alone; weights averaged once a window)."),
           cpus_per_worker: float = TrainConfig.cpus_per_worker,
           batch_size: int = TrainConfig.batch_size,
           checkpoint_dir: str = typer.Option(TrainConfig.checkpoint_dir, help="Local directory for checkpoints."),
@@ -178,7 +181,7 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
 
     from streamlearn.train.trainer import train as run_training
 
-    cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, ingest=ingest, use_gpu=use_gpu,
+    cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, ingest=ingest, use_gpu=use_gpu, sync=sync,
                       cpus_per_worker=cpus_per_worker, batch_size=batch_size, checkpoint_dir=checkpoint_dir,
                       checkpoint_every_s=checkpoint_every_s, checkpoint_every_steps=checkpoint_every_steps,
                       keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,

@@ -85,6 +85,10 @@ class KafkaSettings(BaseSettings):
 
 
 INGEST_MODES = ("direct", "ray-data")
+# How a group of workers stays one model (train/averaging.py, DECISIONS): "step" allreduces every
+# step's gradients (DDP); "window" lets each rank step on its own slice and averages the weights
+# and the optimizer's moments once per window, one allreduce instead of one a step.
+SYNC_MODES = ("step", "window")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class TrainConfig:
     workers: int = 2
     ingest: str = "direct"  # "direct": each rank reads Kafka itself; "ray-data": a Ray Data pipeline feeds the ranks
     use_gpu: bool = False
+    sync: str = "window"  # issue 48: 2 workers 1.36x one with it, 0.81x with "step" (docs/BENCHMARKS.md)
     cpus_per_worker: float = 0.5
     batch_size: int = 256
     window_events: int = 8192  # most events one step of the window planner hands out
@@ -128,6 +133,9 @@ class TrainConfig:
 
         need(self.ingest in INGEST_MODES, f"ingest must be one of {', '.join(INGEST_MODES)}, got {self.ingest!r}")
         need(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
+        need(self.sync in SYNC_MODES, f"sync must be one of {', '.join(SYNC_MODES)} ('step': DDP's allreduce of "
+                                      f"every step's gradients; 'window': weights averaged once a window), "
+                                      f"got {self.sync!r}")
         need(self.cpus_per_worker > 0, "cpus_per_worker must be > 0 (fractions like 0.5 let workers share a core)")
         need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         need(self.window_events >= self.workers, "window_events must be at least the number of workers")

@@ -100,7 +100,14 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
     for row in rows:
         for k, v in row.get("phases_s", {}).items():
             phases[k] = phases.get(k, 0.0) + v
+    scored = [r for r in rows if r.get("auc") is not None]
     return {"workers": workers, "ingest": ingest, "pipeline": pipeline, "drift": drift,
+            # Learning beside speed: each checkpoint's prequential AUC / log loss (each rank's last
+            # metric_window events, scored before learned), their mean over the run and the last.
+            "auc_mean": statistics.fmean(r["auc"] for r in scored) if scored else None,
+            "logloss_mean": statistics.fmean(r["logloss"] for r in scored) if scored else None,
+            "auc_last": scored[-1]["auc"] if scored else None, "logloss_last": scored[-1]["logloss"] if scored else None,
+            **overrides,
             "steady_events_per_s": learned / steady_s if steady_s > 0 else float("nan"),
             "steady_s": steady_s, "end_to_end_s": total_s, "end_to_end_events_per_s": n / total_s,
             "first_step_s": startup["first_step_done"], "startup_s": startup,
@@ -161,6 +168,8 @@ def main() -> None:
     import ray
 
     contenders = {"direct-1": {"workers": 1}, "direct-2": {"workers": 2},
+                  # issue 48: DDP's allreduce a step against the default's average a window, same rounds
+                  "direct-2-step": {"workers": 2, "sync": "step"},
                   "ray-data-2": {"workers": 2, "ingest": "ray-data"},
                   "delayed-1": {"workers": 1, "topic": DELAYED, "pipeline": "fraud_delayed"},
                   "delayed-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed"},
@@ -202,15 +211,17 @@ def main() -> None:
                           "the benchmark. Before the fix (lanes start at window 0, not the oldest window held) "
                           "two benchmarks ended so, each in its second round's Ray Data run (issue 47).\n")
         return
-    report(args.events, base, base_quiet, {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"],
-           {1: done["delayed-1"], 2: done["delayed-2"]}, done["delayed-ray-data-2"])
+    report(args.events, base, base_quiet, done)
 
 
 def _partial(runs: list[dict], base: float) -> dict:
     m = median_run(runs)
     return {"steady_events_per_s": m["steady_events_per_s"], "ratio_to_baseline": m["steady_events_per_s"] / base,
             "first_step_s": m["first_step_s"], "steady_runs": [r["steady_events_per_s"] for r in runs],
-            "checkpoint_share": m["checkpoint_share"], "rank0_phases_s": m["rank0_phases_s"]}
+            "checkpoint_share": m["checkpoint_share"], "rank0_phases_s": m["rank0_phases_s"],
+            **{k: statistics.median(r[k] for r in runs) for k in ("auc_mean", "logloss_mean", "auc_last",
+                                                                  "logloss_last") if None not in (r[k] for r in runs)},
+            "auc_mean_runs": [r["auc_mean"] for r in runs]}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -221,10 +232,13 @@ def median_run(runs: list[dict]) -> dict:
     return {**ordered[len(ordered) // 2], **{k: statistics.median(r[k] for r in runs) for k in keys}}
 
 
-def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, rd_runs: list[dict],
-           delayed_runs: dict, rd_delayed_runs: list[dict]) -> None:
+def report(n: int, base_runs: list[float], quiet_runs: list[float], done: dict[str, list[dict]]) -> None:
+    """docs/bench/ingest.json and its section of docs/BENCHMARKS.md from every contender's runs."""
+    runs, rd_runs = {1: done["direct-1"], 2: done["direct-2"]}, done["ray-data-2"]
+    delayed_runs, rd_delayed_runs = {1: done["delayed-1"], 2: done["delayed-2"]}, done["delayed-ray-data-2"]
     base = statistics.median(base_runs)
     one, two, rd = median_run(runs[1]), median_run(runs[2]), median_run(rd_runs)
+    step = median_run(done["direct-2-step"])
     rd_delayed = median_run(rd_delayed_runs)
     delayed = {w: median_run(rs) for w, rs in delayed_runs.items()}
     figures = {"events": n, "baseline_events_per_s": base, "baseline_runs": base_runs,
@@ -233,6 +247,13 @@ def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, 
                "streamlearn_2_workers_events_per_s": two["steady_events_per_s"],
                "ratio_1_worker_vs_baseline": one["steady_events_per_s"] / base,
                "ratio_2_workers_vs_baseline": two["steady_events_per_s"] / base,
+               "ratio_2_workers_vs_1_worker": two["steady_events_per_s"] / one["steady_events_per_s"],
+               "sync_step_2_workers_events_per_s": step["steady_events_per_s"],
+               "ratio_sync_step_2_workers_vs_1_worker": step["steady_events_per_s"] / one["steady_events_per_s"],
+               "quality": {name: {k: median_run(rs).get(k) for k in ("auc_mean", "logloss_mean", "auc_last",
+                                                                     "logloss_last")}
+                           for name, rs in (("direct-1", runs[1]), ("direct-2", runs[2]),
+                                            ("direct-2-step", done["direct-2-step"]))},
                "first_step_s_1_worker": one["first_step_s"], "first_step_s_2_workers": two["first_step_s"],
                "checkpoint_share_1_worker": one["checkpoint_share"],
                "checkpoint_share_2_workers": two["checkpoint_share"],
@@ -253,7 +274,7 @@ def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, 
                "ray_data_delayed_labels_2_workers_events_per_s": rd_delayed["steady_events_per_s"],
                "ratio_ray_data_delayed_labels_vs_ray_data_inline_2_workers":
                    rd_delayed["steady_events_per_s"] / rd["steady_events_per_s"],
-               "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs,
+               "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs, "2-step": done["direct-2-step"],
                         **{f"delayed-labels-{w}": rs for w, rs in delayed_runs.items()},
                         "delayed-labels-ray-data-2": rd_delayed_runs}}
     write_json("ingest", figures)
@@ -274,6 +295,9 @@ def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, 
         *[f"| streamlearn `--ingest {r['ingest']}`, {r['workers']} Ray Train worker{'s' if r['workers'] > 1 else ''} | "
           f"{r['steady_events_per_s']:,.0f} | {r['steady_events_per_s'] / base:.2f} | {r['first_step_s']:.1f} s | "
           f"{r['end_to_end_s']:.1f} s |" for r in (one, two, rd)],
+        f"| streamlearn `--ingest direct --sync step` (DDP: every step's gradients allreduced), 2 workers | "
+        f"{step['steady_events_per_s']:,.0f} | {step['steady_events_per_s'] / base:.2f} | {step['first_step_s']:.1f} s "
+        f"| {step['end_to_end_s']:.1f} s |",
         *[f"| streamlearn, delayed labels joined in the trainer (`fraud_delayed`), {w} worker{'s' if w > 1 else ''} | "
           f"{d['steady_events_per_s']:,.0f} | {d['steady_events_per_s'] / base:.2f} | "
           f"{d['first_step_s']:.1f} s | {d['end_to_end_s']:.1f} s |" for w, d in delayed.items()],
@@ -288,6 +312,16 @@ def report(n: int, base_runs: list[float], quiet_runs: list[float], runs: dict, 
         f"{figures['ratio_delayed_labels_vs_inline_2_workers']:.2f}x with 2 (the default); joined in Ray Data's "
         f"lanes, {figures['ratio_ray_data_delayed_labels_vs_ray_data_inline_2_workers']:.2f}x Ray Data's own "
         "inline-label rate.",
+        "",
+        f"Two workers against one (direct): {figures['ratio_2_workers_vs_1_worker']:.2f}x with the default "
+        f"`--sync window` (each rank steps alone, weights and Adam's moments averaged once a window), "
+        f"{figures['ratio_sync_step_2_workers_vs_1_worker']:.2f}x with `--sync step` (DDP). What they learned, "
+        "each checkpoint's prequential AUC and log loss (each rank's newest 5,000 events, scored before "
+        "learned), mean over the run and at its end (median run):",
+        "",
+        "| contender | AUC, mean | log loss, mean | AUC, last | log loss, last |", "|---|---:|---:|---:|---:|",
+        *[f"| {name} | {q['auc_mean']:.4f} | {q['logloss_mean']:.4f} | {q['auc_last']:.4f} | {q['logloss_last']:.4f} |"
+          for name, q in figures["quality"].items()],
         "",
         "| per run (median) | direct, 1 worker | direct, 2 workers | ray-data, 2 workers |", "|---|---:|---:|---:|",
         f"| checkpointing, share of the steady wall time (training thread) | {one['checkpoint_share']:.1%} | "

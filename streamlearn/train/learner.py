@@ -1,5 +1,6 @@
-"""How one rank learns its slice of a window: predict-then-learn, in exactly as many DDP steps as
-every other rank, each event's score kept (before it is learned) for the prequential metrics, the
+"""How one rank learns its slice of a window: predict-then-learn, in exactly as many steps as every
+other rank (DDP's allreduce a step, or with `--sync window` steps of its own and one average at the
+window's end), each event's score kept (before it is learned) for the prequential metrics, the
 drift detectors and the gate's evidence."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from streamlearn import faults
 from streamlearn.ingest.decode import FINGERPRINT_MOD, Batch
 from streamlearn.phases import Phases
 from streamlearn.pipeline import DelayedFeedback, Pipeline
+from streamlearn.train.averaging import average
 from streamlearn.train.drift import Watch
 from streamlearn.train.feedback import fake_negative_weights
 
@@ -26,8 +28,8 @@ class Shuffled:
     targets: torch.Tensor
     crcs: np.ndarray
     ends: list[int]  # step s learns rows [ends[s-1], ends[s])
-    totals: list[int]  # every rank's rows in step s, together
-    world: int
+    totals: list[int]  # the rows step s's loss is the mean over: every rank's (DDP) or this rank's
+    world: int  # the ranks whose gradients DDP averages: 1 when each rank steps on its own
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Learner:
     device: torch.device
     recent: Watch  # the prequential window (and on rank 0 the drift monitor and the evidence)
     phases: Phases
+    per_window: bool = False  # --sync window: steps of its own, the group averaged once a window
 
     @property
     def fake_negatives(self) -> bool:
@@ -58,11 +61,15 @@ class Learner:
         # gathering each step's rows of features, targets and fingerprints cost 60-100 us of a
         # 0.7-1.0 ms step (fraud MLP, one thread; measured).
         ends = np.cumsum([split_size(batch.size, steps, s) for s in range(steps)]).tolist()
-        totals = [sum(split_size(n, steps, s) for n in sizes) for s in range(steps)]
+        own = self.per_window and len(sizes) > 1
+        totals = [sum(split_size(n, steps, s) for n in ([batch.size] if own else sizes)) for s in range(steps)]
         window = Shuffled(torch.from_numpy(batch.features[order]), torch.from_numpy(batch.targets[order]),
-                          batch.crcs[order], ends, totals, len(sizes))
+                          batch.crcs[order], ends, totals, 1 if own else len(sizes))
         with self.phases("train", events=batch.size, steps=steps):
             loss_sum, learned_fp = self.steps(window)
+        if own:
+            with self.phases("average"):
+                average(self.model, self.optimizer, batch.size / sum(sizes))
         return steps, loss_sum, learned_fp
 
     def steps(self, window: Shuffled) -> tuple[float, int]:
@@ -79,7 +86,7 @@ class Learner:
                     per_event = per_event * fake_negative_weights(pipeline.score(output), y)
                 # Sum, scaled so DDP's mean over ranks equals the mean over the global batch,
                 # however unevenly the window split (an empty rank still joins the allreduce).
-                loss = per_event.sum() * (window.world / total)
+                loss = per_event.sum() * (window.world / max(total, 1))  # a rank's own empty step: 0
             optimizer.zero_grad(set_to_none=True)
             with phases("backward"):  # DDP's allreduce overlaps this; the timeline shows it on its own track
                 loss.backward()

@@ -40,6 +40,7 @@ from streamlearn.pipeline import DelayedFeedback, Pipeline, load_pipeline
 from streamlearn.prequential import summarize
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.runfiles import append_jsonl, read_last_jsonl
+from streamlearn.train.averaging import same_start
 from streamlearn.train.coordinator import Coordinator, await_handover
 from streamlearn.train.drift import Alarm, Watch, for_pipeline
 from streamlearn.train.evidence import EvidenceSampler
@@ -139,7 +140,9 @@ class Worker:
         stream = _stream_class(cfg, inputs.gen)(inputs.kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline,
                                                 rank, world, phases)
         startup.mark("kafka_clients")
-        model = ray.train.torch.prepare_model(pipeline.build_model())
+        # --sync window: no DDP wrapper, each rank steps alone and the learner averages (averaging.py).
+        model = ray.train.torch.prepare_model(pipeline.build_model(),
+                                              parallel_strategy="ddp" if cfg.sync == "step" else None)
         optimizer = pipeline.make_optimizer(model.parameters())
         trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
         startup.mark("model_ready")
@@ -153,8 +156,11 @@ class Worker:
         drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
         evidence = EvidenceSampler(cfg.gate_evidence) if rank == 0 and cfg.gate_evidence else None
         recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm), evidence)
-        learner = Learner(model, optimizer, pipeline, ray.train.torch.get_device(), recent, phases)
+        learner = Learner(model, optimizer, pipeline, ray.train.torch.get_device(), recent, phases,
+                          per_window=cfg.sync == "window")
         worker = cls(inputs, rank, world, pipeline, phases, startup, stream, learner)
+        if world > 1 and cfg.sync == "window":
+            same_start(model)  # before a restore overwrites it: one place where DDP's wrapper would be
         worker.resume()
         return worker
 
