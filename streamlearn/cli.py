@@ -171,6 +171,9 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
                                              help="Autoscale: a backlog should drain within this."),
           capacity_floor: float = typer.Option(ScalingPolicy.capacity_floor,
                                                help="Autoscale: events/s one worker learns, at least."),
+          min_gain: float = typer.Option(ScalingPolicy.min_gain,
+                                         help="Autoscale: a bigger group must learn this fraction more than a "
+                                              "smaller one measured, or it is left (0.1: 10 %)."),
           warm_wait: float = typer.Option(ScalingPolicy.warm_wait_s,
                                           help="Autoscale: seconds a resize waits for room to start the new "
                                                      "group beside the old (pause of seconds) before it stops "
@@ -189,7 +192,8 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
                       timeline=str(Path(timeline).resolve()) if timeline else "")
     scaling = ScalingPolicy(min_workers=min_workers or workers, max_workers=max_workers or workers,
                             up_cooldown_s=up_cooldown, down_cooldown_s=down_cooldown, target_drain_s=target_drain,
-                            capacity_floor=capacity_floor, normal_lag_s=checkpoint_every_s, warm_wait_s=warm_wait)
+                            capacity_floor=capacity_floor, normal_lag_s=checkpoint_every_s, warm_wait_s=warm_wait,
+                            min_gain=min_gain)
     # The startup breakdown (first checkpoint's startup_s) counts from this process's start.
     _print_json(run_training(cfg, _kafka(bootstrap), scaling, started_at=psutil.Process().create_time()))
 

@@ -106,7 +106,8 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
             # metric_window events, scored before learned), their mean over the run and the last.
             "auc_mean": statistics.fmean(r["auc"] for r in scored) if scored else None,
             "logloss_mean": statistics.fmean(r["logloss"] for r in scored) if scored else None,
-            "auc_last": scored[-1]["auc"] if scored else None, "logloss_last": scored[-1]["logloss"] if scored else None,
+            "auc_last": scored[-1]["auc"] if scored else None,
+            "logloss_last": scored[-1]["logloss"] if scored else None,
             **overrides,
             "steady_events_per_s": learned / steady_s if steady_s > 0 else float("nan"),
             "steady_s": steady_s, "end_to_end_s": total_s, "end_to_end_events_per_s": n / total_s,
@@ -274,7 +275,8 @@ def report(n: int, base_runs: list[float], quiet_runs: list[float], done: dict[s
                "ray_data_delayed_labels_2_workers_events_per_s": rd_delayed["steady_events_per_s"],
                "ratio_ray_data_delayed_labels_vs_ray_data_inline_2_workers":
                    rd_delayed["steady_events_per_s"] / rd["steady_events_per_s"],
-               "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs, "2-step": done["direct-2-step"],
+               "runs": {**{str(w): rs for w, rs in runs.items()}, "ray-data-2": rd_runs,
+                        "2-step": done["direct-2-step"],
                         **{f"delayed-labels-{w}": rs for w, rs in delayed_runs.items()},
                         "delayed-labels-ray-data-2": rd_delayed_runs}}
     write_json("ingest", figures)

@@ -25,7 +25,9 @@ Changes are rationed because each resize stops learning for a few seconds:
 - up/down/up thus spans at least up_cooldown_s + down_cooldown_s: no thrash.
 
 Workers help only while training, not Kafka, is the bottleneck (the input network saturates
-first, the seed reports warn); `max_workers` caps what a misjudged need can cost.
+first, the seed reports warn); `max_workers` caps what a misjudged need can cost, and the measured
+curve (autoscale/curve.py) keeps the policy from asking again for a size that learned no more than
+a smaller one, and takes a group at such a size back.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamlearn.autoscale import curve as curves
 from streamlearn.config import TrainConfig
 from streamlearn.errors import ConfigError
 
@@ -58,6 +61,10 @@ class ScalingPolicy:
     # handover: a pause of seconds) before it stops the running group first (cold: the pause
     # is a whole Ray Train start). 0: always cold, never more than one group's resources.
     warm_wait_s: float = 60.0
+    # A bigger group must learn this much more than a smaller one measured, or it is left (and not
+    # asked for again) until that measurement is curve_memory_s old (autoscale/curve.py).
+    min_gain: float = 0.1
+    curve_memory_s: float = 600.0
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:
@@ -79,6 +86,9 @@ class ScalingPolicy:
         need(0 < self.capacity_alpha <= 1, f"capacity_alpha must be in (0, 1], got {self.capacity_alpha}")
         need(self.warm_wait_s >= 0, f"warm_wait_s must be >= 0 seconds (0: resize cold, stopping first), "
                                     f"got {self.warm_wait_s}")
+        need(self.min_gain >= 0 and self.curve_memory_s > 0,
+             f"min_gain must be >= 0 (e.g. 0.1: a worker must add 10 %) and curve_memory_s > 0 seconds, "
+             f"got {self.min_gain} and {self.curve_memory_s}")
         need(self.normal_lag_s >= 0 and self.settle_s >= 0,
              "normal_lag_s (≈ checkpoint_every_s) and settle_s (≈ resize pause + sampling interval) must be >= 0")
 
@@ -121,6 +131,7 @@ class State:
     capacity: float | None = None  # events/s per worker; None: capacity_floor
     prev_lag: int | None = None
     needs: tuple[tuple[float, float], ...] = ()  # (t, need) over the longer cool-down
+    curve: curves.Curve = ()  # the group's saturated learned rate by size
 
 
 def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decision, State]:
@@ -128,7 +139,9 @@ def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decis
     with `obs.workers`, so a resize still in progress is not asked for twice."""
     current = state.desired if state.desired is not None else obs.workers
     started = state.started if state.started is not None else obs.t
-    capacity = _capacity(obs, state, policy, current)
+    capacity, saturated = _capacity(obs, state, policy, current)
+    curve = curves.record(state.curve, obs.workers, obs.learned_rate, obs.t, policy.capacity_alpha) \
+        if saturated else state.curve
     backlog = max(0.0, obs.lag - obs.input_rate * policy.normal_lag_s)
     need = (obs.input_rate + backlog / policy.target_drain_s) / capacity
     horizon = obs.t - max(policy.up_cooldown_s, policy.down_cooldown_s)
@@ -138,17 +151,42 @@ def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decis
     needs = tuple(older + [n for n in state.needs if n[0] >= horizon]) + ((obs.t, need),)
     anchor = max(started, state.last_change if state.last_change is not None else started)
     decision = _choose(obs, current, needs, anchor, capacity, backlog, policy)
+    decision = _on_the_curve(decision, obs, current, curve, anchor, policy)
     changed = decision.desired != current
     return decision, State(desired=decision.desired, last_change=obs.t if changed else state.last_change,
-                           started=started, capacity=capacity, prev_lag=obs.lag, needs=needs)
+                           started=started, capacity=capacity, prev_lag=obs.lag, needs=needs, curve=curve)
 
 
-def _capacity(obs: Observation, state: State, policy: ScalingPolicy, current: int) -> float:
-    """EWMA of learned_rate / workers. Only a saturated pipeline (lag above normal and growing,
-    or twice normal) shows what a worker can do; an unsaturated one shows a lower bound, so it
-    may only raise the estimate. Rates during and just after a resize pause say nothing."""
+def _on_the_curve(decision: Decision, obs: Observation, current: int, curve: curves.Curve, anchor: float,
+                  policy: ScalingPolicy) -> Decision:
+    """The load's decision held against what each group size was measured to learn: no more
+    workers than pay, and back to a smaller group that learned as much as this one."""
+    now, memory, gain = obs.t, policy.curve_memory_s, policy.min_gain
+    if decision.desired > current:
+        size, why_not = curves.worth_adding(curve, current, decision.desired, now, memory, gain)
+        if size == current:
+            return Decision(current, f"{why_not}: staying at {current} (the load alone asks for "
+                                     f"{decision.desired})", decision.need)
+        if size < decision.desired:
+            return Decision(size, f"{decision.reason}; only {size}: "
+                                  f"{curves.no_gain(curve, current, decision.desired, now, memory, gain)}",
+                            decision.need)
+        return decision
+    if decision.desired == current and now - anchor >= policy.up_cooldown_s:
+        smaller, why = curves.as_good_smaller(curve, current, policy.min_workers, now, memory, gain)
+        if smaller < current:
+            return Decision(smaller, f"{why}: {current} → {smaller}", decision.need)
+    return decision
+
+
+def _capacity(obs: Observation, state: State, policy: ScalingPolicy, current: int) -> tuple[float, bool]:
+    """EWMA of learned_rate / workers, and whether this sample is a saturated one. Only a
+    saturated pipeline (lag above normal and growing, or twice normal) shows what a worker can
+    do; an unsaturated one shows a lower bound, so it may only raise the estimate. Rates during
+    and just after a resize pause say nothing."""
     estimate = state.capacity if state.capacity is not None else policy.capacity_floor
     settled = obs.workers == current and (state.last_change is None or obs.t - state.last_change >= policy.settle_s)
+    saturated = False
     if settled and obs.workers > 0:
         sample = obs.learned_rate / obs.workers
         normal = obs.input_rate * policy.normal_lag_s
@@ -156,7 +194,7 @@ def _capacity(obs: Observation, state: State, policy: ScalingPolicy, current: in
         saturated = obs.lag > normal and (growing or obs.lag > 2 * normal)
         if saturated or sample > estimate:
             estimate += policy.capacity_alpha * (sample - estimate)
-    return max(estimate, policy.capacity_floor)
+    return max(estimate, policy.capacity_floor), saturated
 
 
 def _choose(obs: Observation, current: int, needs: tuple[tuple[float, float], ...], anchor: float,

@@ -24,15 +24,20 @@ POLICY = ScalingPolicy(min_workers=1, max_workers=4, target_drain_s=30, up_margi
 Trace = list[tuple[Observation, Decision]]
 
 
+def linear(workers: int) -> float:
+    return workers * CAP
+
+
 def simulate(rate_at: Callable[[float], float], duration: float, policy: ScalingPolicy = POLICY,
-             workers: int = 1, noise: float = 0.0, seed: int = 0) -> Trace:
+             workers: int = 1, noise: float = 0.0, seed: int = 0, group_rate: Callable[[int], float] = linear) -> Trace:
+    """`group_rate(workers)`: events/s a group of that size learns at most (default: CAP each)."""
     rng = random.Random(seed)
     queue, paused_until, running, state, trace = 0.0, float("-inf"), workers, State(), []
     t = 0.0
     while t < duration:
         t0, t = t, t + DT
         arrived = sum(rate_at(t0 + (i + 0.5) * DT / 10) for i in range(10)) * DT / 10
-        learned = min(queue + arrived, workers * CAP * max(0.0, t - max(t0, paused_until)))
+        learned = min(queue + arrived, group_rate(workers) * max(0.0, t - max(t0, paused_until)))
         queue += arrived - learned
         if t >= paused_until:
             running = workers  # the regrouped job is up
@@ -175,6 +180,51 @@ def test_overload_holds_at_max_and_says_so():
     assert "raise max_workers" in trace[-1][1].reason and trace[-1][1].need > POLICY.max_workers
 
 
+def _flat_after_one(workers: int) -> float:
+    """A pipeline where a second worker does not help: every size learns what one does."""
+    return CAP
+
+
+def test_a_size_measured_to_learn_no_more_is_left_and_not_asked_for_again():
+    """Overloaded on a pipeline where more workers learn no more: the policy tries 4 (not yet
+    measured, modelled linearly), measures it, goes back to 1 and stays there (2 and 3 are
+    interpolated between 1 and 4: no gain either), saying why, until the measurement is
+    curve_memory_s old; then it tries once more."""
+    policy = ScalingPolicy(**{**vars(POLICY), "curve_memory_s": 600})
+    trace = simulate(Constant(3000).rate_at, 1200, policy, group_rate=_flat_after_one)
+    # Not assert_sane: going back from a size measured not to pay waits the up cool-down, not the
+    # down one (nothing is risked: the smaller group learned as much).
+    moves = changes(trace)
+    assert moves[:2] and [m[1:] for m in moves[:2]] == [(1, 4), (4, 1)], moves
+    assert moves[1][0] - moves[0][0] >= policy.settle_s + policy.up_cooldown_s / 3, moves  # measured first
+    back = moves[1][0]
+    assert "did not pay" in next(d.reason for o, d in trace if o.t == back)
+    held = [(o, d) for o, d in trace if back < o.t < back + 500]
+    assert held and all(d.desired == 1 for _, d in held)
+    assert all("did not pay" in d.reason and "staying at 1" in d.reason for _, d in held[-10:]), held[-1][1].reason
+    assert len(moves) <= 4 and all(m[0] > back + 500 for m in moves[2:]), moves  # once more after 600 s, no thrash
+
+
+def test_a_size_that_pays_is_kept_and_the_curve_does_not_hold_back_linear_scaling():
+    trace = simulate(Constant(3000).rate_at, 600, group_rate=linear)
+    assert_sane(trace)
+    assert trace[-1][1].desired >= 3 and not any("did not pay" in d.reason for _, d in trace)
+
+
+def test_adding_stops_at_the_largest_size_not_measured_to_be_worse():
+    """Measured: 1 worker 1000/s, 2 workers 1900/s, 3 workers 1950/s: a need of 3 gets 2."""
+    from streamlearn.autoscale import curve as curves
+    points = ()
+    for t in (0.0, 5.0):
+        for workers, rate in ((1, 1000.0), (2, 1900.0), (3, 1950.0)):
+            points = curves.record(points, workers, rate, t, 0.3)
+    assert curves.worth_adding(points, 2, 3, 10.0, 600, 0.1)[0] == 2
+    assert curves.worth_adding(points, 1, 3, 10.0, 600, 0.1)[0] == 3  # 3 beats 1 by far
+    assert curves.worth_adding(points, 1, 3, 10.0 + 601, 600, 0.1)[0] == 3  # forgotten: modelled again
+    size, why = curves.worth_adding(points, 2, 3, 10.0, 600, 0.1)
+    assert size == 2 and "a group of 3 learned 1950/s, of 2 1900/s" in why
+
+
 @pytest.mark.parametrize("observed, expected", [(0, 1), (9, 4)])
 def test_a_count_outside_the_bounds_is_corrected_at_once(observed, expected):
     decision, state = decide(Observation(t=0, lag=0, input_rate=0, learned_rate=0, workers=observed), State(), POLICY)
@@ -196,6 +246,7 @@ def test_a_backlog_reason_says_how_many_workers_drain_it():
     ({"capacity_floor": 0}, "docs/BENCHMARKS.md"),
     ({"capacity_alpha": 0}, r"capacity_alpha must be in \(0, 1\]"),
     ({"normal_lag_s": -1}, "checkpoint_every_s"),
+    ({"min_gain": -0.1}, "min_gain must be >= 0"),
 ])
 def test_config_errors_say_how_to_fix(kwargs, says):
     with pytest.raises(ConfigError, match=says):
