@@ -3,7 +3,7 @@
 `--labels`, while the same events are learned with their label inline and joined from
 `<topic>.labels` (issue 16), with 1 and 2 workers.
 
-    python -m load.bench.cpu_roles [--events 600000] [--runs 3] [--labels]
+    python -m load.bench.cpu_roles [--events 600000] [--runs 3] [--labels | --workers]
 
 Issue 13's bar is Ray Data at 0.8x the direct path's learned rate; on two cores every CPU
 second Ray Data's own machinery spends (its read lanes beside the trainers, the split
@@ -144,7 +144,14 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--labels", action="store_true", help="inline against joined labels, 1 and 2 workers")
+    parser.add_argument("--workers", action="store_true", help="1 against 2 workers, both sync modes (issue 48)")
     args = parser.parse_args()
+    if args.workers:
+        report_workers(args.events, alternating_rounds(
+            args.events, args.runs, list(WORKER_CONTENDERS),
+            run_one=lambda bootstrap, n, home, name: profiled_run(bootstrap, n, home, "direct",
+                                                                    **WORKER_CONTENDERS[name])))
+        return
     if args.labels:
         report_labels(args.events, alternating_rounds(
             args.events, args.runs, list(LABEL_CONTENDERS), delayed=True,
@@ -160,9 +167,13 @@ LABEL_CONTENDERS = {"inline-1": {"workers": 1}, "delayed-1": {"workers": 1, **JO
                     "inline-2": {"workers": 2}, "delayed-2": {"workers": 2, **JOINED}}
 
 
-def report_labels(n: int, runs: dict[str, list[dict]]) -> None:
-    """Per worker count: each role's CPU per 1,000 events learned, inline against joined, and what
-    the joined rate could be at most on this machine's cores if every one of them were busy."""
+WORKER_CONTENDERS = {"1-worker": {"workers": 1}, "2-workers": {"workers": 2},
+                     "2-workers-sync-step": {"workers": 2, "sync": "step"}}
+
+
+def contender_table(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
+    """Per contender: the learned rate, cores busy and each role's CPU per 1,000 events learned
+    (steady part, medians), and the table's rows for BENCHMARKS.md."""
     cores = os.cpu_count() or 1
     roles = sorted({role for rs in runs.values() for r in rs for role in r["steady_cpu_ms_per_1k_events_by_role"]})
     per_1k = {name: {role: statistics.median(r["steady_cpu_ms_per_1k_events_by_role"].get(role, 0.0) for r in rs)
@@ -172,38 +183,74 @@ def report_labels(n: int, runs: dict[str, list[dict]]) -> None:
     total = {name: sum(v.values()) for name, v in per_1k.items()}
     # Every core busy, each event costing what it cost: the most a run could learn here.
     ceiling = {name: 1e6 * cores / total[name] for name in runs}
-    figures = {"benchmark": "cpu_labels", "machine": machine_line(), "events": n, "cores": cores,
-               "steady_events_per_s": rate, "steady_cores_busy": busy, "steady_cpu_ms_per_1k_events": total,
-               "ceiling_events_per_s_all_cores_busy": ceiling,
-               **{f"ratio_delayed_vs_inline_{w}": rate[f"delayed-{w}"] / rate[f"inline-{w}"] for w in (1, 2)},
-               **{f"ceiling_ratio_delayed_vs_inline_{w}": ceiling[f"delayed-{w}"] / rate[f"inline-{w}"]
-                  for w in (1, 2)},
+    figures = {"machine": machine_line(), "cores": cores, "steady_events_per_s": rate, "steady_cores_busy": busy,
+               "steady_cpu_ms_per_1k_events": total, "ceiling_events_per_s_all_cores_busy": ceiling,
                "steady_cpu_ms_per_1k_events_by_role": per_1k, "runs": runs}
-    write_json("cpu_labels", figures)
     order = sorted(roles, key=lambda r: -sum(per_1k[name][r] for name in runs))
     names = list(runs)
-    rows = "\n".join(f"| {role} | " + " | ".join(f"{per_1k[name][role]:.1f}" for name in names) + " |"
-                     for role in order if any(per_1k[name][role] >= 0.05 for name in names))
+    return figures, [
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+        "| learned, events/s | " + " | ".join(f"{rate[name]:,.0f}" for name in names) + " |",
+        "| cores busy | " + " | ".join(f"{busy[name]:.2f}" for name in names) + " |",
+        "| **CPU ms per 1,000 events, all** | " + " | ".join(f"**{total[name]:.1f}**" for name in names) + " |",
+        *[f"| {role} | " + " | ".join(f"{per_1k[name][role]:.1f}" for name in names) + " |"
+          for role in order if any(per_1k[name][role] >= 0.05 for name in names)],
+        f"| ceiling: all {cores} cores busy, events/s | " + " | ".join(f"{ceiling[name]:,.0f}" for name in names)
+        + " |",
+    ]
+
+
+def report_labels(n: int, runs: dict[str, list[dict]]) -> None:
+    """Per worker count: each role's CPU per 1,000 events learned, inline against joined, and what
+    the joined rate could be at most on this machine's cores if every one of them were busy."""
+    figures, table = contender_table(runs)
+    rate, ceiling = figures["steady_events_per_s"], figures["ceiling_events_per_s_all_cores_busy"]
+    figures = {"benchmark": "cpu_labels", "events": n, **figures,
+               **{f"ratio_delayed_vs_inline_{w}": rate[f"delayed-{w}"] / rate[f"inline-{w}"] for w in (1, 2)},
+               **{f"ceiling_ratio_delayed_vs_inline_{w}": ceiling[f"delayed-{w}"] / rate[f"inline-{w}"]
+                  for w in (1, 2)}}
+    write_json("cpu_labels", figures)
     write_section("cpu_labels", "Where the cores go with delayed labels: inline against joined", "\n".join([
         f"{n:,} fraud events learned with their label inline (`fraud`) and joined from `<topic>.labels` "
         f"0-1 s later (`fraud_delayed`), direct ingest, default settings, every contender once per round, "
         f"medians of {len(runs['inline-1'])} runs. CPU sampled as in the section above; steady part only. "
         f"{machine_line()}",
         "",
-        "| | " + " | ".join(names) + " |",
-        "|---|" + "---:|" * len(names),
-        "| learned, events/s | " + " | ".join(f"{rate[name]:,.0f}" for name in names) + " |",
-        "| cores busy | " + " | ".join(f"{busy[name]:.2f}" for name in names) + " |",
-        "| **CPU ms per 1,000 events, all** | " + " | ".join(f"**{total[name]:.1f}**" for name in names) + " |",
-        rows,
-        f"| ceiling: all {cores} cores busy, events/s | " + " | ".join(f"{ceiling[name]:,.0f}" for name in names)
-        + " |",
+        *table,
         "",
         f"Joined against inline: {figures['ratio_delayed_vs_inline_1']:.2f}x with 1 worker, "
         f"{figures['ratio_delayed_vs_inline_2']:.2f}x with 2. Were every core busy at the joined runs' CPU "
         f"per event, the most they could learn is {figures['ceiling_ratio_delayed_vs_inline_1']:.2f}x / "
         f"{figures['ceiling_ratio_delayed_vs_inline_2']:.2f}x the inline runs' measured rate.",
     ]))
+
+
+def report_workers(n: int, runs: dict[str, list[dict]]) -> None:
+    """What a second worker costs: CPU per 1,000 events learned with 1 and 2 workers (issue 48's
+    machine-independent measure: on a cluster each worker has cores of its own), both sync modes."""
+    figures, table = contender_table(runs)
+    total, rate = figures["steady_cpu_ms_per_1k_events"], figures["steady_events_per_s"]
+    figures = {"benchmark": "cpu_workers", "events": n, **figures,
+               "cpu_ratio_2_vs_1_worker": total["2-workers"] / total["1-worker"],
+               "cpu_ratio_2_sync_step_vs_1_worker": total["2-workers-sync-step"] / total["1-worker"],
+               "rate_ratio_2_vs_1_worker": rate["2-workers"] / rate["1-worker"],
+               "rate_ratio_2_sync_step_vs_1_worker": rate["2-workers-sync-step"] / rate["1-worker"]}
+    write_json("cpu_workers", figures)
+    f = figures
+    write_section("cpu_workers", "What a second worker costs: CPU per 1,000 events, 1 and 2 workers (issue 48)",
+                  "\n".join([
+                      f"{n:,} fraud events, direct ingest, default settings (`--sync window`) with 1 and 2 workers, "
+                      f"and 2 workers with `--sync step` (DDP); every contender once per round, medians of "
+                      f"{len(runs['1-worker'])} runs. CPU sampled as above; steady part only. {machine_line()}",
+                      "",
+                      *table,
+                      "",
+                      f"CPU per 1,000 events learned, 2 workers against 1: **{f['cpu_ratio_2_vs_1_worker']:.2f}x** "
+                      f"with `--sync window` (bar 1.15x), {f['cpu_ratio_2_sync_step_vs_1_worker']:.2f}x with "
+                      f"`--sync step`. Learned rate, 2 workers against 1: {f['rate_ratio_2_vs_1_worker']:.2f}x / "
+                      f"{f['rate_ratio_2_sync_step_vs_1_worker']:.2f}x.",
+                  ]))
 
 
 def report(n: int, runs: dict[str, list[dict]]) -> None:

@@ -34,7 +34,9 @@ BLOCK = re.compile(r"<!-- table: (?P<name>[\w.-]+) \(generated [^\n]*?-->\n.*?<!
 # Bars from the issues, where the JSON does not record its own.
 INGEST_BARS = {"ratio_1": 0.8, "ratio_2": 1.0, "first_step_s": 15.0, "checkpoint_share": 0.05,
                "window_overhead_ms": 5.0, "ray_data_vs_direct": 0.8, "ray_data_first_step_gap_s": 10.0,
-               "delayed_vs_inline": 0.9}
+               "delayed_vs_inline": 0.9,
+               # issue 48: a second worker adds throughput, and learns as well as DDP did
+               "two_vs_one": 1.0, "two_vs_baseline": 1.3, "auc_vs_step": 0.005}
 RESIZE_BAR_S, PAUSE_BAR_S = 40.0, 10.0  # issue 12: decision → the new group's first step; the pause (scaling)
 DRIFT_BAR_S = 30.0  # issue 16: drift → first alarm
 FRESHNESS_P99_BAR_S, SWAP_P99_BAR = 5.0, 2.0  # issue 14 (load/bench/freshness.py)
@@ -175,6 +177,7 @@ def ingest(d: dict) -> str:
          f"≥ {b['ratio_1']}× (issue 12)", met(r1 >= b["ratio_1"])],
         ["`--ingest direct`, 2 workers", num(d["streamlearn_2_workers_events_per_s"]), ratio(r2),
          f"≥ {b['ratio_2']}× (issue 12)", met(r2 >= b["ratio_2"])],
+        *_scaling_rows(d, b),
         ["`--ingest ray-data`, 2 workers: against direct, 2 workers", num(d["ray_data_2_workers_events_per_s"]),
          ratio(rd), f"≥ {b['ray_data_vs_direct']}× direct (issue 13)", met(rd >= b["ray_data_vs_direct"])],
         ["delayed labels joined in the trainer, 1 worker: against inline",
@@ -200,6 +203,26 @@ def ingest(d: dict) -> str:
     lines += ["", f"{d['events']:,} events, medians of {runs} runs each; ratios are to the baseline unless the row "
               "names another contender."]
     return with_machine(lines, d)
+
+
+def _scaling_rows(d: dict, b: dict) -> list[list[str]]:
+    """Issue 48's rows: 2 workers against 1 with each sync mode, and what they learned."""
+    if "ratio_2_workers_vs_1_worker" not in d:
+        return []
+    two, step = d["ratio_2_workers_vs_1_worker"], d["ratio_sync_step_2_workers_vs_1_worker"]
+    r2, q = d["ratio_2_workers_vs_baseline"], d["quality"]
+    gap = q["direct-2-step"]["auc_mean"] - q["direct-2"]["auc_mean"]
+    return [
+        ["`--ingest direct`, 2 workers (`--sync window`): against 1 worker",
+         num(d["streamlearn_2_workers_events_per_s"]), ratio(two),
+         f"≥ {b['two_vs_one']}× 1 worker, ≥ {b['two_vs_baseline']}× baseline (issue 48)",
+         met(two >= b["two_vs_one"] and r2 >= b["two_vs_baseline"])],
+        ["`--sync step` (DDP), 2 workers: against 1 worker", num(d["sync_step_2_workers_events_per_s"]), ratio(step),
+         "", ""],
+        ["prequential AUC over the run, 2 workers: `--sync window` / `step`",
+         f"{q['direct-2']['auc_mean']:.4f} / {q['direct-2-step']['auc_mean']:.4f}", "",
+         f"within {b['auc_vs_step']} of `step` (issue 48)", met(gap <= b["auc_vs_step"])],
+    ]
 
 
 def faults(d: dict) -> str:
