@@ -36,7 +36,7 @@ INGEST_BARS = {"ratio_1": 0.8, "ratio_2": 1.0, "first_step_s": 15.0, "checkpoint
                "window_overhead_ms": 5.0, "ray_data_vs_direct": 0.8, "ray_data_first_step_gap_s": 10.0,
                "delayed_vs_inline": 0.9,
                # issue 48: a second worker adds throughput, and learns as well as DDP did
-               "two_vs_one": 1.0, "two_vs_baseline": 1.3, "auc_vs_step": 0.005}
+               "two_vs_one": 1.0, "two_vs_baseline": 1.3, "auc_vs_step": 0.005, "cpu_two_vs_one": 1.15}
 RESIZE_BAR_S, PAUSE_BAR_S = 40.0, 10.0  # issue 12: decision → the new group's first step; the pause (scaling)
 DRIFT_BAR_S = 30.0  # issue 16: drift → first alarm
 FRESHNESS_P99_BAR_S, SWAP_P99_BAR = 5.0, 2.0  # issue 14 (load/bench/freshness.py)
@@ -386,6 +386,19 @@ def cpu_labels(d: dict) -> str:
     return with_machine(lines, d)
 
 
+def cpu_workers(d: dict) -> str:
+    names = list(d["steady_events_per_s"])
+    cpu, bar = d["cpu_ratio_2_vs_1_worker"], INGEST_BARS["cpu_two_vs_one"]
+    rows = [["learned events/s (steady)", *(num(d["steady_events_per_s"][n]) for n in names)],
+            ["cores busy", *(num(d["steady_cores_busy"][n], ".2f") for n in names)],
+            ["CPU ms per 1,000 events, all", *(num(d["steady_cpu_ms_per_1k_events"][n], ".1f") for n in names)],
+            [f"CPU per event against 1 worker (issue 48: 2 workers ≤ {bar}×)", "1.00×",
+             f"{ratio(cpu)}, {met(cpu <= bar)}", ratio(d["cpu_ratio_2_sync_step_vs_1_worker"])]]
+    lines = table(["medians", *names], rows)
+    lines += ["", f"{d['events']:,} events, direct ingest, {len(d['runs'][names[0]])} runs of each."]
+    return with_machine(lines, d)
+
+
 def group_start(d: dict) -> str:
     s = d["summary"]
     ws = sorted(s, key=int)
@@ -527,7 +540,7 @@ def ingest_rounds(d: dict) -> str:
 
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "cpu_labels": cpu_labels, "cpu_roles": cpu_roles, "delayed_feedback": delayed_feedback, "drift": drift,
-    "feedback_ingest": feedback_ingest, "ingest_rounds": ingest_rounds,
+    "feedback_ingest": feedback_ingest, "cpu_workers": cpu_workers, "ingest_rounds": ingest_rounds,
     "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
     "scaling": scaling, "scoring": scoring, "soak": soak, "warm_pool": warm_pool,
