@@ -102,7 +102,7 @@ class TrainConfig:
     workers: int = 2
     ingest: str = "direct"  # "direct": each rank reads Kafka itself; "ray-data": a Ray Data pipeline feeds the ranks
     use_gpu: bool = False
-    sync: str = "window"  # issue 48: 2 workers 1.36x one with it, 0.81x with "step" (docs/BENCHMARKS.md)
+    sync: str = "window"  # issue 48: 2 workers 1.37x one with it, 0.82x with "step" (docs/BENCHMARKS.md)
     cpus_per_worker: float = 0.5
     batch_size: int = 256
     window_events: int = 8192  # most events one step of the window planner hands out

@@ -1,29 +1,35 @@
-"""The GPU path, on a machine that has a GPU: Ray Train with `use_gpu=True` (NCCL, the model and
-every batch on CUDA) against the CPU path (gloo) and the plain loop, in the same run on the same data.
+"""A bigger machine's figures in one prepared run (issue 48): gloo workers 1/2/4/8, Ray Data against
+direct at 4 workers (its read lanes on the cores the trainers leave), and the GPU path (`--use-gpu`:
+NCCL, the model and every batch on CUDA), against the plain loop, in the same run on the same data.
 
-    python -m load.bench.gpu [--events 200000] [--runs 3]   # ~8 min on a 16-core H200 machine
+    python -m load.bench.gpu [--events 200000] [--runs 3]   # a 16-core, 1-GPU machine: under 8 min
+    python -m load.bench.gpu --cpu-only --workers 1,2 --events 20000 --runs 1 --out DIR   # its test here
 
 Contenders, one run each per round (as in ingest.py): the single-process baseline on the CPU
-(ingest.py's loop) and the same loop with its model on CUDA; streamlearn with 1 and 2 gloo
-workers (the default) and 1 NCCL worker (`--use-gpu`; one GPU is one rank: NCCL refuses two ranks
-on one device). GPU use is sampled with nvidia-smi while each run lasts, so a run that silently
-trained on the CPU would show it. First, once: the GPU worker SIGKILLed right after a checkpoint
-is published and before its offsets are committed, its group restarted on the GPU from that
-checkpoint, and the run audited for exactly-once against a re-read of the topic. The report is
-rewritten after every round, so a lease that ends early leaves the rounds it held.
+(ingest.py's loop) and the same loop with its model on CUDA; streamlearn with 1, 2, 4 and 8 gloo
+workers (the default sync, `--sync window`), `--ingest ray-data` with 4, and 1 NCCL worker (one
+GPU is one rank: NCCL refuses two ranks on one device). GPU use is sampled with nvidia-smi while
+each run lasts, so a run that silently trained on the CPU would show it. First, once: the worker
+SIGKILLed right after a checkpoint is published and before its offsets are committed, its group
+restarted (on the GPU) from that checkpoint, and the run audited for exactly-once against a
+re-read of the topic. The report is rewritten after every round, so a lease that ends early
+leaves the rounds it held. `--cpu-only` leaves out the CUDA contenders (the kill runs on the CPU);
+`--out DIR` writes DIR/gpu.json and leaves docs/ as it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
-from load.bench.common import audit_exactly_once, machine_line, write_json, write_section
+from load.bench.common import audit_exactly_once, json_safe, machine_line, write_json, write_section
 from load.bench.ingest import TOPIC, alternating_rounds, baseline, median_run, pipeline_rate
 from streamlearn import faults
 from streamlearn.config import KafkaSettings, TrainConfig
@@ -57,7 +63,16 @@ def gpu_sampled(out: dict):
 
 
 CONTENDERS = {"baseline-cpu": {"device": "cpu"}, "baseline-cuda": {"device": "cuda"},
-              "gloo-1": {"workers": 1}, "gloo-2": {"workers": 2}, "nccl-1": {"workers": 1, "use_gpu": True}}
+              **{f"gloo-{n}": {"workers": n} for n in (1, 2, 4, 8)},
+              "ray-data-4": {"workers": 4, "ingest": "ray-data"}, "nccl-1": {"workers": 1, "use_gpu": True}}
+CUDA = ("baseline-cuda", "nccl-1")
+BARS = {"gloo_4_vs_1": 3.2, "ray_data_vs_direct_4": 1.0}  # issue 48, on the 16-core machine
+
+
+def contenders(workers: list[int], cpu_only: bool) -> list[str]:
+    gloo = [f"gloo-{n}" for n in workers]
+    wanted = ["baseline-cpu", "baseline-cuda", *gloo, "ray-data-4" if 4 in workers else "", "nccl-1"]
+    return [name for name in wanted if name in CONTENDERS and not (cpu_only and name in CUDA)]
 
 
 def run_one(bootstrap: str, events: int, home, name: str) -> dict:
@@ -85,7 +100,7 @@ def killed_and_restored(bootstrap: str, events: int, home, use_gpu: bool = True)
             summary = train(cfg, KafkaSettings(bootstrap=bootstrap))
     finally:
         del os.environ[faults.ENV]
-    return {"fault": KILL, "fault_fired": faults.mark_of(run_dir(cfg), KILL).exists(), **sampled,
+    return {"fault": KILL, "use_gpu": use_gpu, "fault_fired": faults.mark_of(run_dir(cfg), KILL).exists(), **sampled,
             "learned": summary["events_learned"], "seconds": summary["seconds"],
             "audit": audit_exactly_once(KafkaSettings(bootstrap=bootstrap), cfg, events)}
 
@@ -94,19 +109,28 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", default="1,2,4,8", help="gloo group sizes (ray-data-4 runs when 4 is one)")
+    parser.add_argument("--cpu-only", action="store_true", help="no CUDA contenders; the kill runs on the CPU")
+    parser.add_argument("--out", default="", help="write DIR/gpu.json only, docs/ left as it is (the test)")
     args = parser.parse_args()
+    names = contenders([int(n) for n in args.workers.split(",") if n], args.cpu_only)
+    out = Path(args.out) if args.out else None
     killed: dict = {}
 
     def first(bootstrap: str, home) -> None:  # the proof first: a lease may end before the rounds do
-        killed.update(killed_and_restored(bootstrap, args.events, home))
-        print(f"# killed and restored on the GPU: fault fired {killed['fault_fired']}, exactly-once audit "
+        killed.update(killed_and_restored(bootstrap, args.events, home, use_gpu=not args.cpu_only))
+        print(f"# killed and restored: fault fired {killed['fault_fired']}, exactly-once audit "
               f"{'passed' if killed['audit']['passed'] else 'FAILED'}", flush=True)
 
-    alternating_rounds(args.events, args.runs, list(CONTENDERS), run_one, first=first,
-                       each_round=lambda runs: report(args.events, runs, killed, args.runs))
+    alternating_rounds(args.events, args.runs, names, run_one, first=first,
+                       each_round=lambda runs: report(args.events, runs, killed, args.runs, out))
 
 
-def report(n: int, runs: dict, killed: dict, rounds: int) -> None:
+def _ratio(med: dict, a: str, b: str) -> float | None:
+    return med[a]["steady_events_per_s"] / med[b]["steady_events_per_s"] if a in med and b in med else None
+
+
+def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = None) -> None:
     """Written after every round: what a time limit leaves is the report of the rounds done."""
     base = statistics.median(r["steady_events_per_s"] for r in runs["baseline-cpu"])
     med = {name: median_run(rs) if not name.startswith("baseline") else
@@ -114,13 +138,20 @@ def report(n: int, runs: dict, killed: dict, rounds: int) -> None:
             "gpu_util_peak_pct": max(r["gpu_util_peak_pct"] for r in rs)} for name, rs in runs.items()}
     audit = killed["audit"]
     done = len(runs["baseline-cpu"])
+    scaling = {f"ratio_{name.replace('-', '_')}_vs_gloo_1": _ratio(med, name, "gloo-1")
+               for name in med if name.startswith("gloo-")}
     figures = {"events": n, "gpu": _gpu_name(), "rounds_done": done, "rounds_asked": rounds,
                "baseline_events_per_s": base,
                **{f"{name}_events_per_s": m["steady_events_per_s"] for name, m in med.items()},
                **{f"ratio_{name}_vs_baseline_cpu": m["steady_events_per_s"] / base for name, m in med.items()},
-               "ratio_nccl_1_vs_gloo_1": med["nccl-1"]["steady_events_per_s"] / med["gloo-1"]["steady_events_per_s"],
-               **{f"first_step_s_{name}": med[name]["first_step_s"] for name in ("gloo-1", "gloo-2", "nccl-1")},
+               **scaling, "ratio_nccl_1_vs_gloo_1": _ratio(med, "nccl-1", "gloo-1"),
+               "ratio_ray_data_4_vs_gloo_4": _ratio(med, "ray-data-4", "gloo-4"), "bars": BARS,
+               **{f"first_step_s_{name}": m["first_step_s"] for name, m in med.items() if "first_step_s" in m},
                "killed_restored_exactly_once": audit["passed"], "killed": killed, "runs": runs}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu.json").write_text(json.dumps(json_safe({"benchmark": "gpu", **figures}), default=str))
+        return
     write_json("gpu", figures)
     rows = [f"| {name} | {m['steady_events_per_s']:,.0f} | {m['steady_events_per_s'] / base:.2f} | "
             f"{_seconds(m.get('first_step_s'))} | {m['gpu_util_peak_pct']} % |"
@@ -134,17 +165,26 @@ def report(n: int, runs: dict, killed: dict, rounds: int) -> None:
         "|---|---:|---:|---:|---:|",
         *rows,
         "",
-        f"`baseline-*`: one process, confluent-kafka + the same decode + the same MLP step, on the CPU or with "
-        f"its model on CUDA. `gloo-N`: streamlearn, N Ray Train workers on CPUs (the default). `nccl-1`: "
-        f"`--use-gpu`, one worker, NCCL, model and batches on CUDA. NCCL against gloo, 1 worker: "
-        f"{figures['ratio_nccl_1_vs_gloo_1']:.2f}x.",
+        "`baseline-*`: one process, confluent-kafka + the same decode + the same MLP step, on the CPU or with "
+        "its model on CUDA. `gloo-N`: streamlearn, N Ray Train workers on CPUs (the default). `ray-data-4`: "
+        "`--ingest ray-data` with 4 workers. `nccl-1`: `--use-gpu`, one worker, NCCL, model and batches on "
+        "CUDA. Against 1 gloo worker: " + ", ".join(f"{k.removeprefix('ratio_').removesuffix('_vs_gloo_1')} "
+                                                       f"{v:.2f}x" for k, v in scaling.items() if v is not None)
+        + f" (issue 48: 4 workers ≥ {BARS['gloo_4_vs_1']}x); Ray Data against direct at 4 workers: "
+        f"{_x(figures['ratio_ray_data_4_vs_gloo_4'])} (≥ {BARS['ray_data_vs_direct_4']}x); NCCL against gloo, "
+        f"1 worker: {_x(figures['ratio_nccl_1_vs_gloo_1'])}.",
         "",
-        f"Killed on the GPU between a checkpoint's publish and its offsets' commit (`{KILL}`), restarted from "
-        f"that checkpoint on the GPU: fault fired: {killed['fault_fired']}; exactly-once audit against a re-read "
+        f"Killed ({'on the GPU' if killed.get('use_gpu', True) else 'on the CPU'}) between a checkpoint's publish "
+        f"and its offsets' commit (`{KILL}`), restarted from "
+        f"that checkpoint: fault fired: {killed['fault_fired']}; exactly-once audit against a re-read "
         f"of the topic {'passed' if audit['passed'] else 'FAILED'} (learned {audit['learned']:,} of "
         f"{audit['produced']:,}; {', '.join(k for k, ok in audit['checks'].items() if not ok) or 'every check held'}).",
     ]
     write_section("gpu", "GPU path (NCCL, `--use-gpu`)", "\n".join(lines))
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
 
 
 def _seconds(value: float | None) -> str:

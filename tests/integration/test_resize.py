@@ -75,3 +75,28 @@ def train_through_a_burst(kafka, kafka_settings, cfg, policy: ScalingPolicy, *, 
     finally:
         stop.set()
         producer.join(timeout=60)
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_that_does_not_pay_is_removed_and_not_added_again(kafka, kafka_settings, ray_cluster, topic,
+                                                                   tmp_path):
+    """A backlog far beyond what one worker drains on a pipeline whose steps hold a machine-wide
+    lock: the policy tries 2 workers (not yet measured), measures that they learn no more than 1,
+    goes back to 1 and stays there, saying why, while the backlog still asks for 2. Exactly once
+    across both resizes."""
+    run_load(kafka.bootstrap, topic, partitions=4, count=150_000, bad_fraction=0.01, seed=61, progress=False)
+    cfg = config(tmp_path, topic, pipeline="tests.integration.models:SharedBottleneck", workers=1,
+                 until_idle_s=5.0, checkpoint_every_s=2.0, window_events=2048, batch_size=16)
+    policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=3600, target_drain_s=4,
+                           capacity_floor=500, normal_lag_s=cfg.checkpoint_every_s, settle_s=8, warm_wait_s=240)
+    summary = train(cfg, kafka_settings, scaling=policy)
+
+    resizes = _rows(run_dir(cfg) / "resizes.jsonl")
+    assert [(r["from"], r["to"]) for r in resizes] == [(1, 2), (2, 1)], resizes
+    samples = _rows(run_dir(cfg) / "scaling.jsonl")
+    held = [s for s in samples if "did not pay" in s["reason"] and "staying at 1" in s["reason"]]
+    assert held, [s["reason"] for s in samples][-10:]
+    assert all(s["lag"] > 0 for s in held), "held only once the backlog was gone: nothing shown"
+    print("held", len(held), "samples:", held[-1]["reason"])
+    meta = assert_exactly_once(kafka_settings, cfg)
+    assert summary["lineage_learned"] == meta["counters"]["learned"]
