@@ -3,7 +3,8 @@
     python -m load.bench.faults [--kills 3] [--rate 2000]
 
 Kafka and training with 2 workers (default settings) under a steady generator load on this
-machine. Each time the current worker group has checkpointed, one of its workers is SIGKILLed;
+machine. Each time the current worker group has checkpointed and learned `--in-service` seconds
+more (a failure in service, when the group's standby processes are up), one of its workers is SIGKILLed;
 Ray Train notices, ends the group and starts a new one, which restores the last checkpoint. The
 figure (issue 15's "≤ 30 s until learning resumes") is the time from the kill to the new group's
 first optimizer step, read from the startup marks the group records with its first checkpoint;
@@ -30,7 +31,8 @@ from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.train.trainer import run_dir, train
 
 TOPIC, PARTITIONS = "faults", 4
-TARGET_S = 30.0
+TARGET_S = 30.0  # issue 15
+BAR_S = 10.0  # issue 47
 # Startup marks in the order a replacement group reaches them (streamlearn/train/loop.py, Startup).
 MARKS = ("worker_process", "loop_entered", "model_ready", "restored", "first_batch_read", "first_step_done")
 
@@ -83,9 +85,10 @@ def kill_and_time(cfg: TrainConfig, started: float, dashboard: str, training: th
     killed_at = time.time()
     os.kill(pids[0], signal.SIGKILL)
 
-    def resumed():  # the first history row of a group that started after the kill
+    def resumed():  # the first history row of a group that started after the kill (its loop: the
+        # process may be older, a standby started before the kill, autoscale/warmpool.py)
         return next((row for row in history(cfg) if "startup_s" in row
-                     and started + row["startup_s"]["worker_process"] > killed_at), None)
+                     and started + row["startup_s"]["loop_entered"] > killed_at), None)
 
     row = wait_for("replacement group's first checkpoint", resumed, 600, training)
     marks = {k: round(started + row["startup_s"][k] - killed_at, 2) for k in MARKS if k in row["startup_s"]}
@@ -97,6 +100,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--rate", type=float, default=2000)
+    parser.add_argument("--in-service", type=float, default=40.0,
+                        help="seconds each group learns before its kill, past its checkpoints (a failure in "
+                             "service, not in a group's first seconds)")
     args = parser.parse_args()
     import ray
 
@@ -118,6 +124,7 @@ def main() -> None:
             wanted = len(history(cfg)) + (2 if i == 0 else 1)
             wait_for("a checkpoint of the current group", lambda n=wanted: len(history(cfg)) >= n or None, 600,
                      training)
+            time.sleep(args.in_service)  # a group in service has learned a while: its standby is up
             kill = kill_and_time(cfg, started, dashboard, training)
             kills.append(kill)
             print(f"kill {i + 1}: learning resumed {kill['resumed_s']:.1f} s after the SIGKILL "
@@ -145,6 +152,7 @@ def report(args, kills: list[dict], audited: dict, loadavg_before: float) -> Non
     marks = {m: statistics.median(k["marks_since_kill_s"][m] for k in kills) for m in MARKS
              if all(m in k["marks_since_kill_s"] for k in kills)}
     figures = {"kills": args.kills, "rate": args.rate, "workers": 2, "loadavg_1m_before": loadavg_before,
+               "in_service_s": args.in_service, "bar_s_issue_47": BAR_S,
                "worker_kill_to_learning_s_median": resumed, "target_s": TARGET_S, "met": resumed <= TARGET_S,
                "worker_kill_to_first_checkpoint_s_median": statistics.median(k["first_checkpoint_s"] for k in kills),
                "marks_since_kill_s_median": marks, "exactly_once": audited, "runs": kills}
@@ -155,12 +163,15 @@ def report(args, kills: list[dict], audited: dict, loadavg_before: float) -> Non
         before = at
     text = "\n".join([
         f"`python -m load.bench.faults`: training with 2 workers (default settings) under a steady "
-        f"{args.rate:,.0f} events/s; {args.kills} times, once the current group has checkpointed, one worker "
-        f"is SIGKILLed. 1-min load average before the run: {loadavg_before}. {machine_line()}",
+        f"{args.rate:,.0f} events/s; {args.kills} times, once the current group has checkpointed and then "
+        f"learned {args.in_service:g} s more (in service: its standby processes are up, "
+        f"streamlearn/autoscale/warmpool.py), one worker is SIGKILLed. 1-min load average before the run: "
+        f"{loadavg_before}. {machine_line()}",
         "",
         f"**Kill → learning resumes (the new group's first optimizer step): median {resumed:.1f} s** "
         f"(runs: {', '.join(format(k['resumed_s'], '.1f') for k in kills)}; target ≤ {TARGET_S:.0f} s: "
-        f"{'met' if resumed <= TARGET_S else 'not met'}). Kill → the new group's first checkpoint: median "
+        f"{'met' if resumed <= TARGET_S else 'not met'}; issue 47's ≤ {BAR_S:.0f} s: "
+        f"{'met' if resumed <= BAR_S else 'not met'}). Kill → the new group's first checkpoint: median "
         f"{figures['worker_kill_to_first_checkpoint_s_median']:.1f} s "
         f"(checkpoints every {TrainConfig().checkpoint_every_s:g} s by default). "
         f"Exactly-once after the kills, against a re-read of Kafka: "
@@ -171,9 +182,10 @@ def report(args, kills: list[dict], audited: dict, loadavg_before: float) -> Non
         "",
         "| mark | s since the kill | step |", "|---|---:|---:|", *steps,
         "",
-        "`worker_process`: Ray Train noticed the dead worker, ended the group and started the new one's "
-        "processes; `loop_entered`: imports (torch, Ray Train) and the gloo group; `model_ready`: pipeline, "
-        "model and optimizer; `restored`: the checkpoint loaded; then the first window read and learned.",
+        "`worker_process`: when the new group's rank 0 process started (negative: a standby, started before "
+        "the kill); `loop_entered`: Ray Train noticed the dead worker, ended the group and started the new "
+        "one, its imports (none left in a standby) and the gloo group; `model_ready`: pipeline, model and "
+        "optimizer; `restored`: the checkpoint loaded; then the first window read and learned.",
     ])
     write_section("faults-bench", "Recovery: a killed Train worker (issue 15)", text)
     print(json.dumps({k: v for k, v in figures.items() if k != "runs"}, indent=1, default=str))

@@ -147,6 +147,8 @@ class ScaleController:
         with self._lock:
             if self.pool is not None:
                 self.pool.learn(role, env, node_id)
+                if role == "worker":  # every group start, Ray Train's restart after a failure too
+                    self.pool.group_started(time.time())
 
     def resize_due(self) -> int | None:
         """The running group's rank 0 polls this: a worker count to stop for now, or None."""
@@ -240,14 +242,18 @@ class ScaleController:
             dt = max(now - prev[0], 1e-3)
             obs = Observation(t=time.monotonic(), lag=sum(lag.values()), input_rate=max(0, produced - prev[1]) / dt,
                               learned_rate=max(0, learned - prev[2]) / dt, workers=self.group)
+            standby = False
             if self.learning:
                 self._decide(obs)
+                standby = self.pool is not None and self.target == self.group and self.resizer.current is None
             else:
                 # A group starting up learns nothing and its lag grows: no capacity sample and no
                 # reason to resize again. Deciding here re-added the workers just removed.
                 self.reason = f"group of {self.group} starting: no decision until its first step"
             self._snapshot = self._make_snapshot(now, obs, lag, learned)
 
+        if standby:  # outside the lock: it may ask Ray for its actors and the raylets for processes
+            self.pool.standby(time.time())
         metrics.record_scaling(self._snapshot)
         self._append("scaling.jsonl", {k: self._snapshot[k] for k in (
             "t", "lag", "input_rate", "learned_rate", "workers_active", "workers_desired", "reason")})

@@ -8,9 +8,15 @@ family on its node while the autoscaler adds room, and a worker on each node wit
 worker's room, where the new group's placement group will go. The workers import torch and the
 loop while they wait. A process nobody takes is stopped by its raylet after KEEP_ALIVE_S.
 
+The same processes stand by for a failure (`standby`): once a group has learned for
+STANDBY_AFTER_S (its own start's CPU spent), a whole group's worker processes are started beside
+it, on the nodes its workers run on, and kept STANDBY_KEEP_S; when a worker dies, Ray Train's
+restart of the group takes them instead of starting and importing new ones (issue 47's recovery
+figure, docs/bench/faults.json). Each group start, a restart included, arms it again.
+
 Through the raylet's PrestartWorkers RPC (Ray 2.60 has no Python API for it): internal, pinned
-with Ray, and never on the path of a resize: a failed request is logged and the resize goes
-on as before.
+with Ray, and never on the path of a resize or a restart: a failed request is logged and Ray
+starts the processes itself, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from streamlearn.logs import log
 # preemption watcher: train/trainer.py).
 CONTROLLER_FAMILY = 3
 KEEP_ALIVE_S = 180  # longer than a resize's wait for room (--warm-wait, 60 s by default) and its start
+# A group's standby: after its first seconds, whose CPU its start needs (on 2 cores a standby's
+# imports beside a starting group slow both); kept half an hour, then started anew, ~0.4 GB a process.
+STANDBY_AFTER_S, STANDBY_KEEP_S = 20.0, 1800
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class WarmPool:
         self.envs: dict[str, str] = {}
         self.controller_node: str | None = None
         self.sent: dict[tuple[str, str], int] = {}  # this resize's requests: processes by (node, role)
+        self.standby_at: float | None = None  # when the running group's standby is due
 
     def learn(self, role: str, env: str, node_id: str | None = None) -> None:
         self.envs[role] = env
@@ -84,6 +94,26 @@ class WarmPool:
     def reset(self) -> None:
         self.sent = {}
 
+    def group_started(self, now: float) -> None:
+        """A group (a resize's, or Ray Train's restart after a failure) is starting: its standby
+        after STANDBY_AFTER_S (the last one's processes went to this group, or are for a size it
+        no longer has)."""
+        self.standby_at = now + STANDBY_AFTER_S
+
+    def standby(self, now: float) -> None:
+        """While the running group learns: its standby when due (see the module's docstring)."""
+        if self.standby_at is None or now < self.standby_at or "worker" not in self.envs:
+            return
+        self.standby_at = now + STANDBY_KEEP_S - 60  # anew before these expire
+        try:
+            nodes = _raylets()
+            for node, count in _train_worker_nodes().items():
+                if node in nodes:
+                    _prestart(nodes[node], self.envs["worker"], count, STANDBY_KEEP_S)
+                    log("warm_pool_standby", pipeline=self.pipeline, node=node[:12], count=count)
+        except Exception as e:  # an optimization: a restart goes on with processes Ray starts itself
+            log("warm_pool_failed", level="warning", pipeline=self.pipeline, error=str(e)[:200])
+
 
 def _free_cpus() -> dict[str, float]:
     import ray._private.state  # internal; Ray is pinned to 2.60
@@ -98,14 +128,26 @@ def _raylets() -> dict[str, str]:
     return {n["NodeID"]: f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}" for n in ray.nodes() if n["Alive"]}
 
 
-def _prestart(raylet: str, serialized_env: str, count: int) -> None:
+def _train_worker_nodes() -> dict[str, int]:
+    """Ray Train's live workers by node: where a restarted group's workers will want processes."""
+    import ray._private.state  # internal; Ray is pinned to 2.60
+
+    nodes: dict[str, int] = {}
+    for actor in ray._private.state.actors().values():
+        if actor.get("ActorClassName") == "RayTrainWorker" and actor.get("State") == "ALIVE":
+            node = actor["Address"]["NodeID"]
+            nodes[node] = nodes.get(node, 0) + 1
+    return nodes
+
+
+def _prestart(raylet: str, serialized_env: str, count: int, keep_alive_s: int = KEEP_ALIVE_S) -> None:
     from ray._private.grpc_utils import init_grpc_channel  # sends the cluster's auth token when it has one
     from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
 
     channel = init_grpc_channel(raylet)
     try:
         request = node_manager_pb2.PrestartWorkersRequest(language=common_pb2.PYTHON, num_workers=count,
-                                                          keep_alive_duration_secs=KEEP_ALIVE_S)
+                                                          keep_alive_duration_secs=keep_alive_s)
         request.runtime_env_info.serialized_runtime_env = serialized_env
         node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=5)
     finally:
