@@ -56,7 +56,7 @@ class ScalingPolicy:
     capacity_alpha: float = 0.3  # EWMA weight of a new capacity sample
     normal_lag_s: float = TrainConfig.checkpoint_every_s  # lag this many seconds of input is normal: it is
     # counted to the committed offsets, which move once per checkpoint
-    settle_s: float = 15.0  # after a resize, rates are no capacity samples: >= pause + one sampling interval
+    settle_s: float = 15.0  # rates of a resized group are no capacity samples until it has run this long
     # How long a resize waits for room to start the new group beside the running one (a warm
     # handover: a pause of seconds) before it stops the running group first (cold: the pause
     # is a whole Ray Train start). 0: always cold, never more than one group's resources.
@@ -64,7 +64,7 @@ class ScalingPolicy:
     # A bigger group must learn this much more than a smaller one measured, or it is left (and not
     # asked for again) until that measurement is curve_memory_s old (autoscale/curve.py).
     min_gain: float = 0.1
-    curve_memory_s: float = 600.0
+    curve_memory_s: float = 600.0  # 0: no curve, every size assumed to add a worker's capacity
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:
@@ -86,8 +86,8 @@ class ScalingPolicy:
         need(0 < self.capacity_alpha <= 1, f"capacity_alpha must be in (0, 1], got {self.capacity_alpha}")
         need(self.warm_wait_s >= 0, f"warm_wait_s must be >= 0 seconds (0: resize cold, stopping first), "
                                     f"got {self.warm_wait_s}")
-        need(self.min_gain >= 0 and self.curve_memory_s > 0,
-             f"min_gain must be >= 0 (e.g. 0.1: a worker must add 10 %) and curve_memory_s > 0 seconds, "
+        need(self.min_gain >= 0 and self.curve_memory_s >= 0,
+             f"min_gain must be >= 0 (e.g. 0.1: a worker must add 10 %) and curve_memory_s >= 0 seconds (0: off), "
              f"got {self.min_gain} and {self.curve_memory_s}")
         need(self.normal_lag_s >= 0 and self.settle_s >= 0,
              "normal_lag_s (≈ checkpoint_every_s) and settle_s (≈ resize pause + sampling interval) must be >= 0")
@@ -127,6 +127,7 @@ class State:
 
     desired: int | None = None  # what was last asked for; None: take the observed count
     last_change: float | None = None
+    arrived: float | None = None  # first observation since the last change with the asked-for group running
     started: float | None = None  # first observation: cool-downs count from here too
     capacity: float | None = None  # events/s per worker; None: capacity_floor
     prev_lag: int | None = None
@@ -139,9 +140,12 @@ def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decis
     with `obs.workers`, so a resize still in progress is not asked for twice."""
     current = state.desired if state.desired is not None else obs.workers
     started = state.started if state.started is not None else obs.t
-    capacity, saturated = _capacity(obs, state, policy, current)
+    arrived = state.arrived if obs.workers == current else None
+    if arrived is None and obs.workers == current:
+        arrived = obs.t
+    capacity, saturated = _capacity(obs, state, policy, current, arrived)
     curve = curves.record(state.curve, obs.workers, obs.learned_rate, obs.t, policy.capacity_alpha) \
-        if saturated else state.curve
+        if saturated and policy.curve_memory_s > 0 else state.curve
     backlog = max(0.0, obs.lag - obs.input_rate * policy.normal_lag_s)
     need = (obs.input_rate + backlog / policy.target_drain_s) / capacity
     horizon = obs.t - max(policy.up_cooldown_s, policy.down_cooldown_s)
@@ -154,7 +158,8 @@ def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decis
     decision = _on_the_curve(decision, obs, current, curve, anchor, policy)
     changed = decision.desired != current
     return decision, State(desired=decision.desired, last_change=obs.t if changed else state.last_change,
-                           started=started, capacity=capacity, prev_lag=obs.lag, needs=needs, curve=curve)
+                           arrived=None if changed else arrived, started=started, capacity=capacity,
+                           prev_lag=obs.lag, needs=needs, curve=curve)
 
 
 def _on_the_curve(decision: Decision, obs: Observation, current: int, curve: curves.Curve, anchor: float,
@@ -179,13 +184,16 @@ def _on_the_curve(decision: Decision, obs: Observation, current: int, curve: cur
     return decision
 
 
-def _capacity(obs: Observation, state: State, policy: ScalingPolicy, current: int) -> tuple[float, bool]:
+def _capacity(obs: Observation, state: State, policy: ScalingPolicy, current: int,
+              arrived: float | None) -> tuple[float, bool]:
     """EWMA of learned_rate / workers, and whether this sample is a saturated one. Only a
     saturated pipeline (lag above normal and growing, or twice normal) shows what a worker can
     do; an unsaturated one shows a lower bound, so it may only raise the estimate. Rates during
-    and just after a resize pause say nothing."""
+    a resize and in the new group's first `settle_s` (counted from when it was first seen
+    running, not from the decision: a warm start can take half a minute) say nothing."""
     estimate = state.capacity if state.capacity is not None else policy.capacity_floor
-    settled = obs.workers == current and (state.last_change is None or obs.t - state.last_change >= policy.settle_s)
+    settled = obs.workers == current and (state.last_change is None or
+                                          (arrived is not None and obs.t - arrived >= policy.settle_s))
     saturated = False
     if settled and obs.workers > 0:
         sample = obs.learned_rate / obs.workers

@@ -225,6 +225,34 @@ def test_adding_stops_at_the_largest_size_not_measured_to_be_worse():
     assert size == 2 and "a group of 3 learned 1950/s, of 2 1900/s" in why
 
 
+def test_a_resized_group_is_measured_only_once_it_has_run_settle_s():
+    """A warm start can take half a minute after the decision: the new group's first, slow
+    seconds must not go into the curve as what its size learns (a CI run saw a group of 2
+    measured 3 s after its first step at two thirds of 1's rate, and sent back)."""
+    policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=3600, target_drain_s=4,
+                           capacity_floor=500, normal_lag_s=2, settle_s=10)
+    state, lag = State(), 400_000
+    for t in range(0, 12, 2):  # one worker, saturated: measured, and the load asks for 2
+        _, state = decide(Observation(t=t, lag=lag, input_rate=0, learned_rate=10_000, workers=1), state, policy)
+        lag -= 20_000
+    assert state.desired == 2 and [p.workers for p in state.curve] == [1]
+    for t in range(12, 40, 2):  # the new group starting: still 1 running
+        _, state = decide(Observation(t=t, lag=lag, input_rate=0, learned_rate=10_000, workers=1), state, policy)
+    for t in range(40, 50, 2):  # 2 running, its first seconds slow
+        decision, state = decide(Observation(t=t, lag=lag, input_rate=0, learned_rate=5_000, workers=2), state, policy)
+        assert decision.desired == 2 and [p.workers for p in state.curve] == [1], (t, decision.reason)
+    for t in range(50, 60, 2):  # settled: 2 learn 1.8x
+        decision, state = decide(Observation(t=t, lag=lag, input_rate=0, learned_rate=18_000, workers=2), state,
+                                 policy)
+    assert decision.desired == 2 and [p.workers for p in state.curve] == [1, 2]
+
+
+def test_curve_memory_zero_turns_the_curve_off():
+    trace = simulate(Constant(3000).rate_at, 600, ScalingPolicy(**{**vars(POLICY), "curve_memory_s": 0}),
+                     group_rate=_flat_after_one)
+    assert not any("did not pay" in d.reason for _, d in trace) and trace[-1][1].desired == POLICY.max_workers
+
+
 @pytest.mark.parametrize("observed, expected", [(0, 1), (9, 4)])
 def test_a_count_outside_the_bounds_is_corrected_at_once(observed, expected):
     decision, state = decide(Observation(t=0, lag=0, input_rate=0, learned_rate=0, workers=observed), State(), POLICY)
