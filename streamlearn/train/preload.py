@@ -29,9 +29,13 @@ def preload() -> None:
     on a loaded one. In a process the warm pool started, this runs while it waits idle."""
     try:
         import ray.train.torch  # noqa: F401
-        import torch  # noqa: F401
+        import torch
 
         import streamlearn.train.loop  # noqa: F401
+
+        # torch.optim's first optimizer imports torch._dynamo (~1 s of a core quiet, ~3 s in a
+        # recovery on 2 cores, faults bench): a standby process does it while it waits.
+        torch.optim.Adam([torch.zeros(1, requires_grad=True)])
     except Exception as e:  # the loop imports them again and fails there, with its own message
         log("preload_failed", level="warning", error=str(e)[:200])
 
