@@ -7,7 +7,9 @@ Baseline: one process consumes with confluent-kafka, decodes with the same schem
 featurizes and runs the same model step (batch 256) in one loop, the bar set by DESIGN.md;
 Python's collector as a user's loop has it (each run is followed by one with the trainer's
 collector setting, reported for reference).
-streamlearn: `streamlearn.train.train` with 1 and 2 workers and the default settings, its
+streamlearn: `streamlearn.train.train` with 1 and 2 workers and the default settings (and 2
+workers with `--sync step`, DDP, against the default `--sync window`, with each contender's
+prequential AUC and log loss beside its rate), its
 steady rate taken from the end of its first window to its last checkpoint; start-up, the
 checkpoint share and the per-window overhead are reported apart. `--ingest ray-data` (Ray Data
 reads, decodes and splits the stream) runs with 2 workers beside the direct path's 2 workers.
