@@ -60,6 +60,7 @@ def run_demo(cfg: DemoConfig) -> None:
 
     checkpoints = cfg.home / "checkpoints"
     cfg.home.mkdir(parents=True, exist_ok=True)
+    _adopt_orphans()
     with ExitStack() as cleanup:
         started: list[psutil.Process] = []  # what the demo started, taken as it stops (below)
         cleanup.callback(_wait_gone, started)  # the last step of the stop
@@ -122,11 +123,27 @@ def run_demo(cfg: DemoConfig) -> None:
         say("stopping everything the demo started ...")
 
 
+def _adopt_orphans() -> None:
+    """Make the demo its descendants' reaper (Linux's PR_SET_CHILD_SUBREAPER): a process whose
+    parent dies under it (a Ray worker the raylet started as the head went down, a training
+    job's standby still importing torch) stays the demo's descendant, so the stop finds it.
+    Nowhere else: a failure here only narrows what the stop can see."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 def _wait_gone(procs: list[psutil.Process], grace_s: float = 30.0) -> None:
     """After the orderly stop: wait for what the demo started to exit, and SIGKILL what has not
     within `grace_s`. Stopping the job and ray.shutdown() return before every worker process
     has exited; a demo that returned then left some running (a fresh-clone CI failure of
-    test_demo: six processes of the demo's session alive after Ctrl-C)."""
+    test_demo: six processes of the demo's session alive after Ctrl-C). Its descendants are
+    taken again here: what started while it stopped, or lost its parent, is the demo's too."""
+    known = {p.pid for p in procs}
+    procs = procs + [p for p in psutil.Process().children(recursive=True) if p.pid not in known]
     _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         try:

@@ -22,6 +22,10 @@ class Point:
     rate: float  # events/s the whole group learned while saturated (EWMA)
     t: float  # newest sample
     samples: int = 1
+    # When the group was sent back from this size because it did not pay: the verdict holds for
+    # memory_s, whatever the smaller size's noisy rate does meanwhile (a CI run saw 1 worker's
+    # EWMA wander 1,500-1,940/s and 2's 1,728/s "pay" again, and the policy re-add it).
+    ruled_out_at: float | None = None
 
 
 Curve = tuple[Point, ...]  # by size, at most one point each
@@ -72,14 +76,32 @@ def no_gain(curve: Curve, smaller: int, larger: int, now: float, memory_s: float
             f"(≥ {min_gain:.0%} more wanted; {seen}, forgotten after {memory_s:.0f} s)")
 
 
+def rule_out(curve: Curve, workers: int, now: float) -> Curve:
+    """The curve with a verdict on `workers`: the group was sent back from it."""
+    return tuple(Point(p.workers, p.rate, p.t, p.samples, now) if p.workers == workers else p for p in curve)
+
+
+def ruled_out(curve: Curve, workers: int, now: float, memory_s: float) -> str:
+    """Why `workers` stays ruled out, or "" when it is not (or no longer): it, or a larger size,
+    was sent back from (a curve that flattens by R flattens before it, too)."""
+    point = next((p for p in curve if p.workers >= workers and p.ruled_out_at is not None
+                  and now - p.ruled_out_at <= memory_s), None)
+    if point is None:
+        return ""
+    return (f"a group of {point.workers} learned {point.rate:.0f}/s: it did not pay over a smaller one "
+            f"(sent back {now - point.ruled_out_at:.0f} s ago; tried again after {memory_s:.0f} s)")
+
+
 def worth_adding(curve: Curve, current: int, target: int, now: float, memory_s: float,
                  min_gain: float) -> tuple[int, str]:
     """The largest size in (current, target] the curve does not rule out, or `current` and why
     none pays."""
     for size in range(target, current, -1):
-        if not no_gain(curve, current, size, now, memory_s, min_gain):
+        if not ruled_out(curve, size, now, memory_s) and not no_gain(curve, current, size, now, memory_s, min_gain):
             return size, ""
-    return current, no_gain(curve, current, target, now, memory_s, min_gain)
+    return current, ruled_out(curve, target, now, memory_s) or no_gain(curve, current, target, now, memory_s,
+                                                                         min_gain) or \
+        next(r for size in range(target, current, -1) if (r := ruled_out(curve, size, now, memory_s)))
 
 
 def as_good_smaller(curve: Curve, current: int, least: int, now: float, memory_s: float,

@@ -155,7 +155,7 @@ def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decis
     needs = tuple(older + [n for n in state.needs if n[0] >= horizon]) + ((obs.t, need),)
     anchor = max(started, state.last_change if state.last_change is not None else started)
     decision = _choose(obs, current, needs, anchor, capacity, backlog, policy)
-    decision = _on_the_curve(decision, obs, current, curve, anchor, policy)
+    decision, curve = _on_the_curve(decision, obs, current, curve, anchor, policy)
     changed = decision.desired != current
     return decision, State(desired=decision.desired, last_change=obs.t if changed else state.last_change,
                            arrived=None if changed else arrived, started=started, capacity=capacity,
@@ -163,25 +163,27 @@ def decide(obs: Observation, state: State, policy: ScalingPolicy) -> tuple[Decis
 
 
 def _on_the_curve(decision: Decision, obs: Observation, current: int, curve: curves.Curve, anchor: float,
-                  policy: ScalingPolicy) -> Decision:
+                  policy: ScalingPolicy) -> tuple[Decision, curves.Curve]:
     """The load's decision held against what each group size was measured to learn: no more
-    workers than pay, and back to a smaller group that learned as much as this one."""
+    workers than pay, and back to a smaller group that learned as much as this one (a verdict
+    that holds for curve_memory_s)."""
     now, memory, gain = obs.t, policy.curve_memory_s, policy.min_gain
     if decision.desired > current:
         size, why_not = curves.worth_adding(curve, current, decision.desired, now, memory, gain)
         if size == current:
             return Decision(current, f"{why_not}: staying at {current} (the load alone asks for "
-                                     f"{decision.desired})", decision.need)
+                                     f"{decision.desired})", decision.need), curve
         if size < decision.desired:
-            return Decision(size, f"{decision.reason}; only {size}: "
-                                  f"{curves.no_gain(curve, current, decision.desired, now, memory, gain)}",
-                            decision.need)
-        return decision
+            why = curves.ruled_out(curve, decision.desired, now, memory) or \
+                curves.no_gain(curve, current, decision.desired, now, memory, gain)
+            return Decision(size, f"{decision.reason}; only {size}: {why}", decision.need), curve
+        return decision, curve
     if decision.desired == current and now - anchor >= policy.up_cooldown_s:
         smaller, why = curves.as_good_smaller(curve, current, policy.min_workers, now, memory, gain)
         if smaller < current:
-            return Decision(smaller, f"{why}: {current} → {smaller}", decision.need)
-    return decision
+            return Decision(smaller, f"{why}: {current} → {smaller}", decision.need), \
+                curves.rule_out(curve, current, now)
+    return decision, curve
 
 
 def _capacity(obs: Observation, state: State, policy: ScalingPolicy, current: int,

@@ -205,6 +205,17 @@ def test_a_size_measured_to_learn_no_more_is_left_and_not_asked_for_again():
     assert len(moves) <= 4 and all(m[0] > back + 500 for m in moves[2:]), moves  # once more after 600 s, no thrash
 
 
+def test_a_size_sent_back_stays_ruled_out_while_the_smaller_size_s_rate_wanders():
+    """Once sent back, a size is not asked for again within curve_memory_s even when the smaller
+    size's measured rate wanders low enough that the old measurement would seem to pay (a CI run
+    re-added 2 workers so: 1 worker's EWMA 1,500-1,940/s against 2's 1,728/s)."""
+    wander = iter([1.0, 0.8, 1.15, 0.85, 1.1, 0.8] * 400)
+    trace = simulate(Constant(3000).rate_at, 500, ScalingPolicy(**{**vars(POLICY), "curve_memory_s": 600}),
+                     group_rate=lambda workers: CAP * (1.05 if workers > 1 else next(wander)))
+    moves = changes(trace)
+    assert [m[1:] for m in moves] == [(1, 4), (4, 1)], moves
+
+
 def test_a_size_that_pays_is_kept_and_the_curve_does_not_hold_back_linear_scaling():
     trace = simulate(Constant(3000).rate_at, 600, group_rate=linear)
     assert_sane(trace)
