@@ -99,9 +99,9 @@ def worth_adding(curve: Curve, current: int, target: int, now: float, memory_s: 
     for size in range(target, current, -1):
         if not ruled_out(curve, size, now, memory_s) and not no_gain(curve, current, size, now, memory_s, min_gain):
             return size, ""
+    # `target` was turned down too, so one of these says why
     return current, ruled_out(curve, target, now, memory_s) or no_gain(curve, current, target, now, memory_s,
-                                                                         min_gain) or \
-        next(r for size in range(target, current, -1) if (r := ruled_out(curve, size, now, memory_s)))
+                                                                         min_gain)
 
 
 def as_good_smaller(curve: Curve, current: int, least: int, now: float, memory_s: float,

@@ -17,8 +17,7 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     """What makes two ranks' learners the same one: the weights, floating buffers and each
     parameter's optimizer moments (Adam's exp_avg and exp_avg_sq). Adam's step count is left out:
     every rank takes the same number of steps a window, so it is already equal."""
-    tensors = [p.data for p in model.parameters()]
-    tensors += [b for b in model.buffers() if b.is_floating_point()]
+    tensors = _weights(model)
     for p in model.parameters():
         for name, value in sorted(optimizer.state.get(p, {}).items()):
             if name != "step" and torch.is_tensor(value) and value.is_floating_point():
@@ -39,10 +38,14 @@ def average(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weight: fl
 def same_start(model: torch.nn.Module) -> None:
     """Every rank starts from rank 0's weights, as DDP's wrapper would have made them: a pipeline's
     model need not be built deterministically from the seed."""
-    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
+    tensors = _weights(model)
     flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.broadcast(flat, src=0)
     _scatter(flat, tensors)
+
+
+def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.data for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
 
 
 def _scatter(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
