@@ -510,13 +510,15 @@ def gate(d: dict) -> str:
 
 def delayed_feedback(d: dict) -> str:
     med, gap, t = d["medians"], d["auc_gap_to_oracle"], d["targets"]
+    to_bound = d.get("auc_gap_to_bound", {})
     low, high = t["calibration"]
-    rows = [[f"`{c}`", num(m["auc"], ".4f"), num(gap.get(c), "+.4f"), num(m["auc_second_half"], ".4f"),
+    rows = [[f"`{c}`", num(m["auc"], ".4f"), num(gap.get(c), "+.4f"), num(to_bound.get(c), "+.4f"),
+             num(m["auc_second_half"], ".4f"),
              num(m["logloss"], ".4f"), num(m["calibration"], ".2f"), met(d["met"][c]) if c in d["met"] else ""]
             for c, m in med.items()]
-    lines = table(["method", "AUC", "gap to the oracle", "AUC, second half", "log loss", "calibration",
-                   f"AUC within {t['auc_within_of_oracle']:g} of the oracle, calibration {low:g}-{high:g}"], rows,
-                  "lrrrrrl")
+    lines = table(["method", "AUC", "gap to the oracle", "gap to the bound", "AUC, second half", "log loss",
+                   "calibration", f"AUC within {t['auc_within_of_oracle']:g} of the oracle, calibration {low:g}-{high:g}"],
+                  rows, "lrrrrrrl")
     lines += ["", f"{d['events']:,} events ({d['days']:g} simulated days), reports after a {d['delay']} delay of "
               f"median {d['median_delay_days']:g} days, the window {d['window_s']:,.0f} s; "
               f"medians of {d['runs']} runs."]
