@@ -537,6 +537,22 @@ def feedback_ingest(d: dict) -> str:
     return with_machine(lines, d)
 
 
+def feedback_delay(d: dict) -> str:
+    longest = f"{d['delays_days'][-1]}d"
+    rows = [[f"`{name}`", num(m["events_per_s"]), ratio(d["vs_inline"][name]),
+             num(m["rss_peak_mib"], ",.0f", " MiB"), num(m["rss_median_mib"], ",.0f", " MiB"),
+             num(m["checkpoint_bytes"], ",.0f"), num(m["join_npz_bytes"], ",.0f") if name != "inline" else "",
+             num(m["reports_applied"]) if name != "inline" else ""]
+            for name, m in d["medians"].items()]
+    lines = table(["labels", "learned events/s", "÷ inline", "worker RSS, peak", "worker RSS, median",
+                   "checkpoint bytes", "join.npz bytes", "chargebacks applied"], rows)
+    lines += ["", f"{d['events']:,} events ({d['days']:g} simulated days), 1 worker; medians of {d['runs']} runs. "
+              f"RSS at {longest} ÷ at {d['delays_days'][0]}d: peak {ratio(d['rss_peak_ratio'])} (within "
+              f"{d['bar']:.0%}: {met(d['met'])}), median {ratio(d.get('rss_median_ratio'))} "
+              f"({met(d.get('met_on_median'))}); delayed feedback ≥ {d['ingest_bar']:g}× inline: {met(d['ingest_met'])}."]
+    return with_machine(lines, d)
+
+
 def ingest_rounds(d: dict) -> str:
     rows = [[f"`{name}`", str(d["runs_completed"][name]), num(c["steady_events_per_s"]),
              f"{min(c['steady_runs']):,.0f}–{max(c['steady_runs']):,.0f}"] for name, c in d["contenders"].items()]
@@ -547,7 +563,7 @@ def ingest_rounds(d: dict) -> str:
 
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "cpu_labels": cpu_labels, "cpu_roles": cpu_roles, "delayed_feedback": delayed_feedback, "drift": drift,
-    "feedback_ingest": feedback_ingest, "cpu_workers": cpu_workers, "ingest_rounds": ingest_rounds,
+    "feedback_delay": feedback_delay, "feedback_ingest": feedback_ingest, "cpu_workers": cpu_workers, "ingest_rounds": ingest_rounds,
     "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
     "scaling": scaling, "scoring": scoring, "soak": soak, "warm_pool": warm_pool,

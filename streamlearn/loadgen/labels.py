@@ -45,12 +45,14 @@ LABELS_SUFFIX = ".labels"
 # (7 days by default) would delete each segment once it rolled. Size retention by bytes instead.
 SIMULATED_TOPIC_CONFIG = {"retention.ms": "-1"}
 _BOOL = ("false", "true")
+ATTRIBUTION_S = 120 * 86_400.0  # the longest a chargeback can come after its payment (card schemes)
 
 
 @dataclass(frozen=True)
 class LabelDelay:
     """Seconds from an event to its label: `fixed:S`, `uniform:A:B`, `exp:MEAN` (exponential) or
-    `lognormal:MEDIAN:SIGMA` (a chargeback's heavy tail: most within days, some after weeks)."""
+    `lognormal:MEDIAN:SIGMA` (a chargeback's heavy tail: most within days, some after weeks,
+    none after the card schemes' 120 days)."""
 
     kind: str
     a: float
@@ -62,7 +64,10 @@ class LabelDelay:
         if self.kind == "uniform":
             return rng.uniform(self.a, self.b, n)
         if self.kind == "lognormal":
-            return self.a * rng.lognormal(0.0, self.b, n)
+            # Capped where card schemes stop taking chargebacks: an uncapped tail (sigma 1 at a
+            # 30-day median reaches years) would also stamp reports past the broker's
+            # timestamp bound on the simulated clock, which refuses them.
+            return np.minimum(self.a * rng.lognormal(0.0, self.b, n), ATTRIBUTION_S)
         return rng.exponential(self.a, n)
 
     def __str__(self) -> str:

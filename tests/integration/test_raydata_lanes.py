@@ -1,7 +1,7 @@
 """A Ray Data read lane lives exactly as long as its group: it ends when the group's window feed
 is gone, whether it was waiting for the next window or for events that never come (a stopped
 broker, offsets not yet written). Before, a lane of a finished test's group kept reading a
-stopped broker for minutes beside the next test's Dataset (the CI stall in DECISIONS §1).
+stopped broker for minutes beside the next test's Dataset and stalled CI.
 And a lane reads and decodes in one task: Ray Data fuses the two stages; and every lane starts,
 whatever a dead group left in Ray's AutoscalingCoordinator."""
 

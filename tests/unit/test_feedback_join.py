@@ -13,7 +13,7 @@ import pytest
 
 from streamlearn.errors import ConfigError
 from streamlearn.ingest.decode import decode_events
-from streamlearn.ingest.feedback import EventLookup, ReportFeedback
+from streamlearn.ingest.feedback import RUN_SPAN, EventLookup, ReportFeedback
 from streamlearn.ingest.windows import Window
 from streamlearn.loadgen.generator import BankingSimulator, encode_batch
 from streamlearn.loadgen.labels import encode_label
@@ -128,6 +128,24 @@ def test_nearby_reported_offsets_are_re_read_in_one_range_and_far_ones_apart():
     wanted = [10, 12, 300, 5000, 5001]
     assert sorted(lookup.read(3, wanted)) == wanted
     assert lookup.reader.ranges == [{3: (10, 301)}, {3: (5000, 5002)}]
+
+
+def test_dense_reports_are_re_read_in_bounded_ranges():
+    # Reports every 300 offsets over 100k: chained by their gaps, one range held them all at once.
+    class Reader:
+        ranges: list = []
+
+        def read_raw(self, ranges):
+            self.ranges.append(ranges)
+            (p, (lo, hi)), = ranges.items()
+            return [Msg(p, o, b"", 0) for o in range(lo, hi)]
+
+    lookup = EventLookup.__new__(EventLookup)
+    lookup.reader = Reader()
+    wanted = list(range(0, 100_000, 300))
+    assert sorted(lookup.read(0, wanted)) == wanted
+    spans = [hi - lo for r in lookup.reader.ranges for lo, hi in r.values()]
+    assert max(spans) <= RUN_SPAN and sum(spans) < 100_000 + len(spans)
 
 
 def test_delayed_feedback_refuses_a_contract_it_cannot_keep():

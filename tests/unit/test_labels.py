@@ -153,6 +153,13 @@ def test_lognormal_delays_have_the_median_they_are_given():
     assert abs(np.median(drawn) / 432_000 - 1.0) < 0.02 and np.quantile(drawn, 0.99) > 10 * 432_000
 
 
+def test_no_chargeback_comes_after_the_card_schemes_120_days():
+    # A 30-day median's tail reaches years: on the simulated clock such a report's timestamp
+    # lay past what the broker accepts, and the whole load run failed with INVALID_TIMESTAMP.
+    drawn = parse_label_delay("lognormal:30d:1").draw(np.random.default_rng(0), 100_000)
+    assert drawn.max() == 120 * 86_400 and abs(np.median(drawn) / (30 * 86_400) - 1.0) < 0.02
+
+
 def test_delays_follow_the_distribution():
     rng = np.random.default_rng(0)
     assert abs(LabelDelay("exp", 4.0).draw(rng, 200_000).mean() - 4.0) < 0.05
