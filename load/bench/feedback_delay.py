@@ -32,9 +32,9 @@ import psutil
 from load.bench.common import bench_broker, start_bench_ray, write_json, write_section
 from load.bench.ingest import PARTITIONS, pipeline_rate
 from streamlearn.kafka.admin import ensure_topics
-from streamlearn.rundir import checkpoint
 from streamlearn.loadgen.generator import run_load
 from streamlearn.loadgen.labels import SIMULATED_TOPIC_CONFIG, LabelPlan, parse_label_delay
+from streamlearn.rundir import checkpoint
 
 DELAYS_DAYS = (1, 30)
 EVENTS_PER_DAY = 21_600
@@ -152,7 +152,8 @@ def main() -> None:
     write_json("feedback_delay", figures)
     write_section("feedback_delay", "Delayed feedback at a bank's delays: trainer memory and speed",
                   f"`python -m load.bench.feedback_delay --days {args.days:g} --runs {args.runs}`: {events:,} events "
-                  f"({args.days:g} simulated days) on the generator's compressed clock, each fraud's chargeback after a "
+                  f"({args.days:g} simulated days) on the generator's compressed clock, each fraud's chargeback "
+                  "after a "
                   "log-normal delay (sigma 1) of median 1 or 30 simulated days, learned by `fraud_chargebacks` on 1 "
                   "worker with the defaults; `inline` is `fraud` on the same events carrying their label. Contenders "
                   "alternate. Resident memory: the Ray Train worker's, sampled every 0.5 s. Each run reads both topics "
@@ -169,7 +170,8 @@ def profile(args: argparse.Namespace) -> None:
 
 
 NOTES = ("What the figures say. Memory: after a run's first ~25 s the worker's RSS stays flat at its median "
-         "(`--profile 1d` prints its timeline), the same within 2 % at either delay, and the checkpoint is the same size; "
+         "(`--profile 1d` prints its timeline), the same within 2 % at either delay, and the checkpoint is the same "
+         "size; "
          "the peak is a transient of those first seconds, higher at the shorter delay, its cause not yet found. "
          "Speed: each chargeback's event is a random read of Kafka, a seek and a fetch of ~1 ms of the rank's CPU "
          "(`--profile 30d` shows it as the `join` phase), about 16 of them a 1,000 events at the generator's fraud "

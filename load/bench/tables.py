@@ -517,7 +517,8 @@ def delayed_feedback(d: dict) -> str:
              num(m["logloss"], ".4f"), num(m["calibration"], ".2f"), met(d["met"][c]) if c in d["met"] else ""]
             for c, m in med.items()]
     lines = table(["method", "AUC", "gap to the oracle", "gap to the bound", "AUC, second half", "log loss",
-                   "calibration", f"AUC within {t['auc_within_of_oracle']:g} of the oracle, calibration {low:g}-{high:g}"],
+                   "calibration",
+                   f"AUC within {t['auc_within_of_oracle']:g} of the oracle, calibration {low:g}-{high:g}"],
                   rows, "lrrrrrrl")
     lines += ["", f"{d['events']:,} events ({d['days']:g} simulated days), reports after a {d['delay']} delay of "
               f"median {d['median_delay_days']:g} days, the window {d['window_s']:,.0f} s; "
@@ -549,7 +550,8 @@ def feedback_delay(d: dict) -> str:
     lines += ["", f"{d['events']:,} events ({d['days']:g} simulated days), 1 worker; medians of {d['runs']} runs. "
               f"RSS at {longest} ÷ at {d['delays_days'][0]}d: peak {ratio(d['rss_peak_ratio'])} (within "
               f"{d['bar']:.0%}: {met(d['met'])}), median {ratio(d.get('rss_median_ratio'))} "
-              f"({met(d.get('met_on_median'))}); delayed feedback ≥ {d['ingest_bar']:g}× inline: {met(d['ingest_met'])}."]
+              f"({met(d.get('met_on_median'))}); delayed feedback ≥ {d['ingest_bar']:g}× inline: "
+              f"{met(d['ingest_met'])}."]
     return with_machine(lines, d)
 
 
@@ -563,7 +565,8 @@ def ingest_rounds(d: dict) -> str:
 
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "cpu_labels": cpu_labels, "cpu_roles": cpu_roles, "delayed_feedback": delayed_feedback, "drift": drift,
-    "feedback_delay": feedback_delay, "feedback_ingest": feedback_ingest, "cpu_workers": cpu_workers, "ingest_rounds": ingest_rounds,
+    "feedback_delay": feedback_delay, "feedback_ingest": feedback_ingest, "cpu_workers": cpu_workers,
+    "ingest_rounds": ingest_rounds,
     "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
     "scaling": scaling, "scoring": scoring, "soak": soak, "warm_pool": warm_pool,
