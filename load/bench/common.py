@@ -63,6 +63,31 @@ def bench_broker(topics: dict[str, int] | None = None) -> Iterator[tuple[Path, E
             broker.stop()
 
 
+class Sampler:
+    """Calls `sample()` every `every_s` seconds in a thread of its own, from entering a `with`
+    block to leaving it (and once on entering)."""
+
+    def __init__(self, every_s: float):
+        self.every_s, self._stop = every_s, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+
 def start_bench_ray(**overrides: Any):
     """The benchmarks' local Ray: room for 4 fractional workers, a small object store, quiet."""
     from streamlearn.localray import start_local_ray

@@ -23,13 +23,12 @@ import argparse
 import json
 import os
 import statistics
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
-from load.bench.common import bench_broker, start_bench_ray, write_json, write_section
+from load.bench.common import Sampler, bench_broker, start_bench_ray, write_json, write_section
 from load.bench.ingest import PARTITIONS, pipeline_rate
 from streamlearn.kafka.admin import ensure_topics
 from streamlearn.loadgen.generator import run_load
@@ -50,33 +49,25 @@ def contender(days: int | None) -> str:
     return "inline" if days is None else f"{days}d"
 
 
-class WorkerMemory:
+class WorkerMemory(Sampler):
     """The resident memory of this process's Ray Train workers, sampled until stopped."""
 
     def __init__(self, every_s: float = 0.5):
-        self.every_s, self.samples, self.times, self._stop = every_s, [], [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(every_s)
+        self.samples: list[int] = []
+        self.times: list[float] = []
 
-    def __enter__(self) -> WorkerMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            total = 0
-            for proc in psutil.Process(os.getpid()).children(recursive=True):
-                try:
-                    if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::RayTrainWorker"):
-                        total += proc.memory_info().rss
-                except psutil.Error:  # gone between the listing and the read
-                    continue
-            if total:
-                self.samples.append(total)
-                self.times.append(time.monotonic())
+    def sample(self) -> None:
+        total = 0
+        for proc in psutil.Process(os.getpid()).children(recursive=True):
+            try:
+                if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::RayTrainWorker"):
+                    total += proc.memory_info().rss
+            except psutil.Error:  # gone between the listing and the read
+                continue
+        if total:
+            self.samples.append(total)
+            self.times.append(time.monotonic())
 
 
 def checkpoint_size(run_dir: Path) -> dict:

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import threading
 import time
 
 import psutil
 
-from load.bench.common import machine_line, write_json, write_section
+from load.bench.common import Sampler, machine_line, write_json, write_section
 from load.bench.ingest import alternating_rounds, pipeline_rate
 
 SAMPLE_S = 0.2
@@ -59,32 +58,18 @@ def role_of(titles: list[str]) -> str | None:
     return None
 
 
-class Processes:
+class Processes(Sampler):
     """Every process's titles (first seen when, after t0) and CPU time samples, until stopped."""
 
     def __init__(self):
+        super().__init__(SAMPLE_S)
         self.t0 = time.time()
         self.titles: dict[int, list[tuple[float, str]]] = {}
         self.cpu: dict[int, list[tuple[float, float]]] = {}
         self.born: dict[int, float] = {}
         self.own_cpu_s = 0.0  # the sampler's, charged to it rather than to the driver it runs in
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Processes:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            self._sample()
-
-    def _sample(self) -> None:
+    def sample(self) -> None:
         started = time.thread_time()
         now = time.time() - self.t0
         for proc in psutil.process_iter(["pid", "cmdline", "name", "cpu_times", "create_time"]):

@@ -114,17 +114,26 @@ def test_a_report_applied_before_a_checkpoint_stays_applied_after_a_restore():
     assert again.size == 0 and [reason_code(r) for _, r in again.bad_labels] == ["duplicate_report"]
 
 
-def test_nearby_reported_offsets_are_re_read_in_one_range_and_far_ones_apart():
-    class Reader:
-        ranges: list = []
+class RangeRecorder:
+    """A reader that records the ranges asked of it and has a message at every offset."""
 
-        def read_raw(self, ranges):
-            self.ranges.append(ranges)
-            (p, (lo, hi)), = ranges.items()
-            return [Msg(p, o, b"", 0) for o in range(lo, hi)]
+    def __init__(self):
+        self.ranges: list = []
 
+    def read_raw(self, ranges):
+        self.ranges.append(ranges)
+        (p, (lo, hi)), = ranges.items()
+        return [Msg(p, o, b"", 0) for o in range(lo, hi)]
+
+
+def _recording_lookup() -> EventLookup:
     lookup = EventLookup.__new__(EventLookup)
-    lookup.reader = Reader()
+    lookup.reader = RangeRecorder()
+    return lookup
+
+
+def test_nearby_reported_offsets_are_re_read_in_one_range_and_far_ones_apart():
+    lookup = _recording_lookup()
     wanted = [10, 12, 300, 5000, 5001]
     assert sorted(lookup.read(3, wanted)) == wanted
     assert lookup.reader.ranges == [{3: (10, 301)}, {3: (5000, 5002)}]
@@ -132,16 +141,7 @@ def test_nearby_reported_offsets_are_re_read_in_one_range_and_far_ones_apart():
 
 def test_dense_reports_are_re_read_in_bounded_ranges():
     # Reports every 300 offsets over 100k: chained by their gaps, one range held them all at once.
-    class Reader:
-        ranges: list = []
-
-        def read_raw(self, ranges):
-            self.ranges.append(ranges)
-            (p, (lo, hi)), = ranges.items()
-            return [Msg(p, o, b"", 0) for o in range(lo, hi)]
-
-    lookup = EventLookup.__new__(EventLookup)
-    lookup.reader = Reader()
+    lookup = _recording_lookup()
     wanted = list(range(0, 100_000, 300))
     assert sorted(lookup.read(0, wanted)) == wanted
     spans = [hi - lo for r in lookup.reader.ranges for lo, hi in r.values()]
