@@ -45,35 +45,14 @@ def ctrl_c_left_to_us():
 _exiting = threading.Event()
 
 
-def adopt_orphans() -> None:
-    """Make this process its descendants' reaper (Linux's PR_SET_CHILD_SUBREAPER): a process whose
-    parent dies under it (a Ray worker the raylet started as the head went down, a dashboard's
-    forkserver, a training job's standby still importing torch) stays this command's descendant,
-    so its stop finds it. Elsewhere than Linux, or refused: the stop sees less, nothing fails."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
 def _kill_children() -> None:
-    """SIGKILL every descendant, again until none is left: a process started while a pass ran (a
-    Ray dashboard spawning its modules' forkserver as the head came up, a fresh-clone CI failure
-    of test_signals) escapes the pass's list, and would outlive the command."""
     import psutil
 
-    for _ in range(5):
-        children = psutil.Process().children(recursive=True)
-        if not children:
-            return
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(children, timeout=0.5)  # reaps our own children; the rest die with theirs
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 def exit_within(seconds: float, code: int) -> None:
@@ -116,7 +95,6 @@ def stop_on_signals(seconds: float) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-    adopt_orphans()
     read, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write, warn_on_full_buffer=False)
