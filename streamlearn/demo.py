@@ -26,7 +26,7 @@ from streamlearn.kafka.admin import consumer_lag, end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port, port_in_use
 from streamlearn.localray import ClientAuth, client_auth, forget_recorded, ray_cli, start_local_ray
 from streamlearn.monitor import PROMETHEUS_HOST_VAR, Monitor, follow_session, up_before_head
-from streamlearn.procs import ctrl_c_left_to_us
+from streamlearn.procs import adopt_orphans, ctrl_c_left_to_us
 from streamlearn.rundir import checkpoint as ckpt
 
 
@@ -60,7 +60,7 @@ def run_demo(cfg: DemoConfig) -> None:
 
     checkpoints = cfg.home / "checkpoints"
     cfg.home.mkdir(parents=True, exist_ok=True)
-    _adopt_orphans()
+    adopt_orphans()
     with ExitStack() as cleanup:
         started: list[psutil.Process] = []  # what the demo started, taken as it stops (below)
         cleanup.callback(_wait_gone, started)  # the last step of the stop
@@ -121,19 +121,6 @@ def run_demo(cfg: DemoConfig) -> None:
                      os.environ.get(PROMETHEUS_HOST_VAR)), flush=True)
         watch(cfg, kafka, url, serve_cfg.run_dir, until=time.monotonic() + (cfg.duration_s or float("inf")))
         say("stopping everything the demo started ...")
-
-
-def _adopt_orphans() -> None:
-    """Make the demo its descendants' reaper (Linux's PR_SET_CHILD_SUBREAPER): a process whose
-    parent dies under it (a Ray worker the raylet started as the head went down, a training
-    job's standby still importing torch) stays the demo's descendant, so the stop finds it.
-    Nowhere else: a failure here only narrows what the stop can see."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
 
 
 def _wait_gone(procs: list[psutil.Process], grace_s: float = 30.0) -> None:
