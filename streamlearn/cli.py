@@ -13,7 +13,7 @@ from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.cluster import ClusterSpec
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError, StreamlearnError
-from streamlearn.kafka.broker import EmbeddedKafka
+from streamlearn.kafka.broker import EmbeddedKafka, KafkaCluster
 from streamlearn.monitor import Monitor
 from streamlearn.observe.config import EvaluatorConfig
 from streamlearn.serve.config import ServeConfig
@@ -25,6 +25,8 @@ topics_app = typer.Typer(no_args_is_help=True, help="Topic admin.")
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 
+BROKERS = typer.Option(1, help="Brokers: 3 runs a KRaft cluster replicating every topic 3 times "
+                        "(min.insync.replicas 2), as a bank's Kafka does; broker i listens on port + 2i.")
 BOOTSTRAP = typer.Option(None, "--bootstrap", help="Kafka bootstrap servers [env STREAMLEARN_KAFKA_BOOTSTRAP]")
 
 
@@ -38,17 +40,21 @@ def _print_json(obj) -> None:
 
 @kafka_app.command("up")
 def kafka_up(port: int = typer.Option(EmbeddedKafka.port, help="Listener port; 0 picks a free one."),
-             data_dir: Path | None = typer.Option(None, help="Where the broker keeps its data.")):
-    """Start the embedded broker (idempotent) and print its bootstrap address."""
-    broker = EmbeddedKafka(port=port, data_dir=data_dir).start()
-    print(broker.bootstrap)
+             data_dir: Path | None = typer.Option(None, help="Where the broker keeps its data."),
+             brokers: int = BROKERS):
+    """Start the embedded broker, or a cluster of them (idempotent), and print its bootstrap address."""
+    print(_embedded(port, data_dir, brokers).start().bootstrap)
 
 
 @kafka_app.command("down")
-def kafka_down(port: int = EmbeddedKafka.port, data_dir: Path | None = None):
-    """Stop the embedded broker cleanly (its data stays)."""
-    stopped = EmbeddedKafka(port=port, data_dir=data_dir).stop()
-    print("stopped" if stopped else "not running")
+def kafka_down(port: int = EmbeddedKafka.port, data_dir: Path | None = None, brokers: int = BROKERS):
+    """Stop the embedded broker or cluster cleanly (its data stays)."""
+    print("stopped" if _embedded(port, data_dir, brokers).stop() else "not running")
+
+
+def _embedded(port: int, data_dir: Path | None, brokers: int) -> EmbeddedKafka | KafkaCluster:
+    return EmbeddedKafka(port=port, data_dir=data_dir) if brokers == 1 else \
+        KafkaCluster(size=brokers, port=port, data_dir=data_dir)
 
 
 @kafka_app.command("status")

@@ -21,11 +21,12 @@ def _admin(settings: KafkaSettings) -> KafkaAdminClient:
 
 def ensure_topics(settings: KafkaSettings, topics: dict[str, int], configs: dict[str, str] | None = None) -> None:
     """Create each topic with its partition count (and topic `configs`) unless it exists
-    (idempotent; never shrinks, never changes an existing topic's configs)."""
+    (idempotent; never shrinks, never changes an existing topic's configs). Its replicas are the
+    cluster's `default.replication.factor`: 3 on `streamlearn kafka up --brokers 3`, 1 alone."""
     admin = _admin(settings)
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=configs or {})
+        missing = [NewTopic(name, num_partitions=n, replication_factor=-1, topic_configs=configs or {})
                    for name, n in topics.items() if name not in existing]
         if missing:
             try:

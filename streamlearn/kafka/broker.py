@@ -1,4 +1,5 @@
-"""An embedded Apache Kafka 4.x broker (KRaft, combined broker+controller) run from Maven jars.
+"""Embedded Apache Kafka 4.x (KRaft, each node broker and controller) run from Maven jars: one
+broker (`EmbeddedKafka`), or a cluster of them replicating every topic (`KafkaCluster`).
 
 No Docker and no tarball: `deploy/kafka/pom.xml` pulls the broker jars from Maven Central
 once into a cache outside the repo, and `java -cp 'jars/*' kafka.Kafka` runs them. Data
@@ -12,6 +13,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -66,6 +68,18 @@ def free_ports(n: int) -> list[int]:
 def port_in_use(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _holder(port: int) -> str:
+    """" by pid N (name)" for the process listening on loopback `port`, where the OS tells us."""
+    import psutil
+
+    try:
+        pid = next((c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                    and c.laddr and c.laddr.port == port and c.pid), None)
+        return f" by pid {pid} ({psutil.Process(pid).name()})" if pid else ""
+    except (psutil.Error, OSError):
+        return ""
 
 
 def fetch_jars(version: str = KAFKA_VERSION) -> Path:
@@ -127,7 +141,8 @@ def _silent(*_args) -> None:
 
 @dataclass
 class EmbeddedKafka:
-    """One broker on loopback; `port=0` picks free ports."""
+    """One broker on loopback; `port=0` picks free ports. Alone (`quorum` None) it is its own
+    controller quorum; in a `KafkaCluster` it is node `node_id` of the quorum `quorum` names."""
 
     port: int = 9092
     controller_port: int = 0
@@ -135,6 +150,10 @@ class EmbeddedKafka:
     version: str = KAFKA_VERSION
     start_timeout_s: float = 90.0
     security: secure.BrokerSecurity | None = None  # None: PLAINTEXT; else SASL_SSL + SCRAM for clients
+    node_id: int = 1
+    quorum: str | None = None  # controller.quorum.voters ("1@host:port,2@..."): a cluster's node
+    replicas: int = 1  # copies of each partition (the cluster's size, up to 3)
+    cluster_id: str | None = None  # a cluster's nodes are formatted with one id; alone, a new one
 
     def __post_init__(self):
         self.port = self.port or free_port()
@@ -178,11 +197,21 @@ class EmbeddedKafka:
     def start(self) -> EmbeddedKafka:
         if self.pid() and self._serving(2.0):
             return self  # already ours and serving: `up` is idempotent
+        self.wait_serving(self.launch())
+        return self
+
+    def launch(self) -> subprocess.Popen:
+        """Start the broker's JVM and return at once: a cluster's nodes serve only once a majority
+        of its controllers runs, so they are all launched before any is waited for."""
         if not shutil.which("java"):
             raise ConfigError("Java 17+ is needed to run Kafka: apt-get install openjdk-17-jre-headless")
         for port in (self.port, self.controller_port):
+            deadline = time.monotonic() + 5.0  # a JVM just killed may still be closing its sockets
+            while port_in_use(port) and time.monotonic() < deadline:
+                time.sleep(0.2)
             if port_in_use(port):
-                raise BrokerStartError(f"port {port} is taken; stop what uses it or pick another with --port")
+                raise BrokerStartError(f"port {port} is taken{_holder(port)}; stop what uses it or pick another "
+                                       "with --port")
         jars = fetch_jars(self.version)
         props = self._write_properties()
         classpath = f"{jars}/*"
@@ -195,15 +224,29 @@ class EmbeddedKafka:
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self._state_file.write_text(json.dumps({"pid": proc.pid, "port": self.port,
                                                 "controller_port": self.controller_port}))
+        return proc
+
+    def wait_serving(self, proc: subprocess.Popen) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise BrokerStartError(f"Kafka exited with code {proc.returncode} at start; see {self.log_file}")
             if self._serving(1.0):
-                return self
+                return
             time.sleep(0.3)
         self.stop()
         raise BrokerStartError(f"Kafka did not serve metadata within {self.start_timeout_s:.0f}s; see {self.log_file}")
+
+    def kill(self) -> int:
+        """SIGKILL, as a machine's crash would: no flush, no controlled shutdown. Returns the pid."""
+        pid = self.pid()
+        if pid is None:
+            raise BrokerStartError(f"no broker of ours runs for {self.data_dir}")
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.02)
+        self._state_file.unlink(missing_ok=True)
+        return pid
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """SIGTERM (clean shutdown, flushes logs), SIGKILL if it hangs. False if it was not running."""
@@ -235,25 +278,104 @@ class EmbeddedKafka:
         if self.security is not None:  # it will hold the broker's own SCRAM password: private from the start
             props.touch(mode=0o600)
             os.chmod(props, 0o600)
+        quorum = [f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}"] if self.quorum is None \
+            else [f"node.id={self.node_id}", f"controller.quorum.voters={self.quorum}", *_replication(self.replicas)]
         props.write_text(base + "\n".join([
-            "", "# Filled in by streamlearn for this broker:", *listeners,
-            f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+            "", "# Filled in by streamlearn for this broker:", *listeners, *quorum,
             f"log.dirs={self.data_dir / 'data'}", ""]))
         return props
 
     def _format_storage(self, classpath: str, props: Path) -> None:
         if (self.data_dir / "data" / "meta.properties").exists():
             return  # formatted before: keep its data
-        java = ["java", "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool"]
-        cluster_id = subprocess.run([*java, "random-uuid"], capture_output=True, text=True, check=True).stdout.strip()
+        cluster_id = self.cluster_id or new_cluster_id(classpath)
         users = secure.scram_format_args(self.security, self.tls_dir) if self.security else []
-        done = subprocess.run([*java, "format", "-t", cluster_id, "-c", str(props), "--standalone", "-g", *users],
-                              capture_output=True, text=True)
+        # Alone, the broker is a quorum of one (--standalone); a cluster's quorum is in its properties.
+        alone = ["--standalone"] if self.quorum is None else []
+        done = subprocess.run([*_storage_tool(classpath), "format", "-t", cluster_id, "-c", str(props), *alone, "-g",
+                               *users], capture_output=True, text=True)
         if done.returncode != 0:
             output = (done.stdout + done.stderr)[-600:]
             for secret in self.security.users.values() if self.security else ():
                 output = output.replace(secret.get_secret_value(), "**********")
             raise BrokerStartError(f"formatting Kafka storage failed: {output}")
+
+
+@dataclass
+class KafkaCluster:
+    """`size` brokers on loopback, each also one of the KRaft controller quorum's voters, every
+    topic replicated to min(size, 3) of them: the failover a bank's Kafka does, on one machine.
+    `port=0` picks free ports; else broker i listens on port + 2i (its controller on the next).
+    The layout is kept in `data_dir`/cluster.json, so `up` again restarts the same cluster."""
+
+    size: int = 3
+    port: int = 9092
+    data_dir: Path | None = None
+    version: str = KAFKA_VERSION
+    start_timeout_s: float = 120.0
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise ConfigError(f"a Kafka cluster needs at least 1 broker, not {self.size}")
+        self.data_dir = Path(self.data_dir or cache_dir() / f"cluster-{self.port or 'any'}")
+        layout = self.data_dir / "cluster.json"
+        if layout.exists():
+            ports, controllers = json.loads(layout.read_text())["nodes"]
+        else:
+            ports = free_ports(2 * self.size) if self.port == 0 \
+                else [self.port + k for k in range(2 * self.size)]
+            ports, controllers = ports[0::2], ports[1::2]
+        quorum = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(controllers))
+        self.nodes = [EmbeddedKafka(port=p, controller_port=c, data_dir=self.data_dir / f"node-{i + 1}",
+                                    version=self.version, start_timeout_s=self.start_timeout_s, node_id=i + 1,
+                                    quorum=quorum, replicas=min(len(ports), 3))
+                      for i, (p, c) in enumerate(zip(ports, controllers, strict=True))]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self) -> KafkaCluster:
+        """Start every node not serving (idempotent), then wait until each one serves."""
+        todo = [node for node in self.nodes if not (node.pid() and node._serving(1.0))]
+        if todo:
+            classpath = f"{fetch_jars(self.version)}/*"
+            cluster_id = None if self._formatted() else new_cluster_id(classpath)
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            (self.data_dir / "cluster.json").write_text(json.dumps(
+                {"nodes": [[n.port for n in self.nodes], [n.controller_port for n in self.nodes]]}))
+            for node in todo:
+                node.cluster_id = cluster_id
+            launched = [(node, node.launch()) for node in todo]
+            for node, proc in launched:
+                node.wait_serving(proc)
+        return self
+
+    def _formatted(self) -> bool:
+        return any((node.data_dir / "data" / "meta.properties").exists() for node in self.nodes)
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop every node cleanly; False if none was running."""
+        return any([node.stop(timeout_s) for node in self.nodes])
+
+
+def _storage_tool(classpath: str) -> list[str]:
+    return ["java", "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool"]
+
+
+def new_cluster_id(classpath: str) -> str:
+    return subprocess.run([*_storage_tool(classpath), "random-uuid"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _replication(replicas: int) -> list[str]:
+    """A bank's durability: every partition (the consumer groups' offsets too) on `replicas`
+    brokers, and a write acknowledged (acks=all) only once 2 of them hold it, so one broker
+    lost loses nothing and leaves the partition writable."""
+    insync = min(2, replicas)
+    return [f"default.replication.factor={replicas}", f"min.insync.replicas={insync}",
+            f"offsets.topic.replication.factor={replicas}", f"transaction.state.log.replication.factor={replicas}",
+            f"transaction.state.log.min.isr={insync}", f"share.coordinator.state.topic.replication.factor={replicas}"]
 
 
 def _alive(pid: int) -> bool:

@@ -42,8 +42,10 @@ class AnswerLog:
         self.topic, self.pipeline = topic, pipeline
         self.dropped = 0
         # acks=all: an answer the evaluator judges must survive a leader's failover (a bank's
-        # Kafka replicates); the producer is off the request path, so the wait costs callers nothing.
-        self._producer = Producer({**kafka_conf, "linger.ms": 50, "acks": "all", "log_level": 3,
+        # Kafka replicates); idempotence: the retries through that failover write it once. The
+        # producer is off the request path, so the wait costs callers nothing.
+        self._producer = Producer({**kafka_conf, "linger.ms": 50, "acks": "all", "enable.idempotence": True,
+                                   "log_level": 3,
                                    "queue.buffering.max.messages": QUEUE_MESSAGES})
 
     def publish(self, ids: list[str], version: int, scores: list[float]) -> None:

@@ -1,0 +1,192 @@
+"""Kafka as a bank runs it: three brokers (`streamlearn kafka up --brokers 3`), every topic on all
+three, min.insync.replicas 2. Training, dead-lettering and scoring with its answers published run
+while the broker leading most of the events' partitions is SIGKILLed and, once it is back, the
+other two are restarted one by one, as an operator's rolling restart does. Exactly once is then
+checked by an independent re-read of the events, the dead letters and the answers.
+Recovery times print as `recovery <what>: <seconds>` (run with -s)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from load.bench.common import read_whole_topic
+from streamlearn.config import KafkaSettings
+from streamlearn.kafka.admin import end_offsets, ensure_topics
+from streamlearn.kafka.broker import KafkaCluster, free_port
+from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers
+from streamlearn.train.trainer import run_dir
+
+from .test_faults import EVENT, Producing, Training, checkpoint_after, finish_training, recovery
+from .test_training import assert_exactly_once, config
+
+pytestmark = pytest.mark.integration
+
+
+class Scoring(threading.Thread):
+    """A client scoring one event after another, each with its own id, so that its answer can be
+    found in the answers topic: records (time, status, event id)."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.stop, self.results = url, threading.Event(), []
+
+    def run(self):
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            n = 0
+            while not self.stop.is_set():
+                n, t = n + 1, time.time()
+                event_id = f"s-{n}"
+                try:
+                    status = client.post("/score", json={**EVENT, "event_id": event_id}).status_code
+                except httpx.HTTPError as e:
+                    status = type(e).__name__
+                self.results.append((t, status, event_id))
+
+    def finish(self):
+        self.stop.set()
+        self.join(15)
+
+    def answered(self) -> list[str]:
+        return [event_id for _, status, event_id in self.results if status == 200]
+
+
+def leaders(settings: KafkaSettings, *topics: str) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> the node id leading it (-1: none yet)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**settings.confluent(), "log_level": 0})
+    out = {}
+    for topic in topics:
+        for p, meta in admin.list_topics(topic, timeout=10).topics[topic].partitions.items():
+            out[(topic, p)] = meta.leader
+    return out
+
+
+def in_sync(settings: KafkaSettings, *topics: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (replicas, in-sync replicas)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**settings.confluent(), "log_level": 0})
+    return {(topic, p): (len(meta.replicas), len(meta.isrs))
+            for topic in topics for p, meta in admin.list_topics(topic, timeout=10).topics[topic].partitions.items()}
+
+
+def wait_until(what: str, predicate, timeout: float) -> float:
+    """time.time() once `predicate()` holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
+        time.sleep(0.1)
+    return time.time()
+
+
+def learning_from(directory, partitions: list[int], since: float, past: dict[int, int], timeout: float,
+                  alive) -> float:
+    """When the first checkpoint written after `since` had learned past offsets `past` on every
+    partition of `partitions`: events there were written after the kill, so only the new leaders
+    can have served them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = checkpoint_after(directory, since, max(deadline - time.monotonic(), 0.1), alive)
+        if all(meta["offsets"][str(p)] > past[p] for p in partitions):
+            return meta["written_at"]
+        since = meta["written_at"]
+
+
+@pytest.mark.timeout(900)
+def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_rolling_restart(ray_cluster, tmp_path):
+    from ray import serve
+
+    from streamlearn.serve.app import deploy
+    from streamlearn.serve.config import ServeConfig
+
+    cluster = KafkaCluster(size=3, port=0, data_dir=tmp_path / "kafka").start()
+    try:
+        settings = KafkaSettings(bootstrap=cluster.bootstrap)
+        topic = "payments"
+        scores, dlq = topic + SCORES_SUFFIX, f"{topic}.dlq"
+        ensure_topics(settings, {topic: 4, dlq: 1, scores: 1})
+        topics = (topic, dlq, scores)
+        assert set(in_sync(settings, *topics).values()) == {(3, 3)}  # every partition on all three
+        cfg = config(tmp_path, topic, until_idle_s=20.0)
+        load = Producing(cluster.bootstrap, topic)  # the generator's producer: idempotent, acks=all
+        training = Training(cfg, settings)
+        scfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=cfg.pipeline,
+                           port=free_port(), poll_interval_s=0.5, min_replicas=1, max_replicas=1, auth_token=None,
+                           scores_topic=scores, scores_bootstrap=cluster.bootstrap)
+        client = None
+        try:
+            load.start()
+            training.start()
+            checkpoint_after(run_dir(cfg), 0.0, 300, training)  # a model to serve
+            deploy(scfg)
+            client = Scoring(scfg.url)
+            client.start()
+            time.sleep(3)
+
+            # a) SIGKILL the broker leading most of the events' partitions.
+            led = leaders(settings, topic)
+            victim = Counter(led.values()).most_common(1)[0][0]
+            its = sorted(p for (_, p), node in led.items() if node == victim)
+            ends = end_offsets(settings, topic)
+            killed_at = time.time()
+            cluster.nodes[victim - 1].kill()
+            elected_at = wait_until("a new leader for each partition the killed broker led",
+                                    lambda: victim not in leaders(settings, *topics).values(), 60)
+            recovery("leader SIGKILL -> new leaders elected", elected_at - killed_at)
+            resumed_at = learning_from(run_dir(cfg), its, elected_at, ends, 120, training)
+            recovery("new leader -> learning from its partitions", resumed_at - elected_at)
+            assert resumed_at - elected_at <= 10 + cfg.checkpoint_every_s, \
+                f"learning resumed {resumed_at - elected_at:.1f}s after the new leaders (a checkpoint shows it)"
+
+            # b) Bring it back, then restart the other two one by one (SIGTERM: a controlled
+            # shutdown hands leadership over first), each once every replica is in sync again.
+            cluster.nodes[victim - 1].start()
+            for node in [n for n in cluster.nodes if n.node_id != victim]:
+                wait_until("every replica in sync", lambda: set(in_sync(settings, *topics).values()) == {(3, 3)}, 120)
+                stopping_at = time.time()
+                assert node.stop()
+                stopped_at = time.time()
+                node.start()
+                print(f"broker {node.node_id}: controlled shutdown {stopped_at - stopping_at:.1f}s, "
+                      f"start {time.time() - stopped_at:.1f}s")
+            assert training.is_alive(), f"training ended during the restarts: {training.error!r}"
+            after = checkpoint_after(run_dir(cfg), time.time(), 120, training)
+            assert after["counters"]["learned"] > 0
+            time.sleep(2)
+        finally:
+            if client:
+                client.finish()
+            load.finish()
+        summary = finish_training(training)
+        answered = client.answered()
+        # Every answer reaches the answers topic (librdkafka sends them in the background).
+        wait_until("every answer in the answers topic", lambda: answers_count(settings, scores) >= len(answered), 60)
+        serve.shutdown()
+
+        failed = [r for r in client.results if r[1] != 200]
+        print(f"scoring: {len(client.results)} requests, {len(failed)} failed {failed[:3]}; "
+              f"load chunks retried: {load.failed_chunks}")
+        assert answered and not failed, failed[:5]  # scoring never waits on Kafka
+        meta = assert_exactly_once(settings, cfg)  # events and dead letters, by re-read
+        assert summary["events_learned"] == meta["counters"]["learned"] > 0
+        assert meta["counters"]["dead_lettered"] > 0  # the load's 2 % malformed events were there to meet
+        ids = Counter(i for m in read_whole_topic(settings, scores) for i in decode_answers(m.value())[0])
+        assert ids == Counter(answered), "an answer lost or written twice through the failover"
+    finally:
+        cluster.stop()
+
+
+def answers_count(settings: KafkaSettings, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings.confluent(), "group.id": "answers-count", "log_level": 0})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
