@@ -62,3 +62,23 @@ def test_fair_share_is_proportional_and_exact():
     take = _fair_share({0: 1000, 1: 10, 2: 0}, 101)
     assert sum(take.values()) == 101 and take[2] == 0 and take[1] >= 1
     assert _fair_share({0: 3, 1: 4}, 100) == {0: 3, 1: 4}
+
+
+def test_labels_backlog_drains_at_the_events_pace_then_at_its_own():
+    """A run that starts behind on both topics reads its labels no faster than its events (a
+    report read before its arrival row is corrected before it is learned, and a whole backlog of
+    reports read at once is held at once); once the events are caught up, labels take a window."""
+    planner = WindowPlanner({0: 0, 1: 0}, window_events=1000, label_positions={0: 0, 1: 0})
+    events, labels = {0: 5000, 1: 5000}, {0: 500, 1: 500}
+    shares = []
+    while planner.available(events, labels):
+        window = planner.next(events, label_highs=labels)
+        shares.append((window.size, window.label_size))
+    # Nine windows of events carry a tenth of the labels each; the last takes the rest.
+    assert shares[:9] == [(1000, 100)] * 9 and shares[9] == (1000, 100) and len(shares) == 10
+    # Caught up: new labels are read a window at a time, with no event waiting.
+    labels = {0: 2000, 1: 2000}
+    assert planner.next(events, label_highs=labels).label_size == 1000
+    assert planner.next(events, label_highs=labels).label_size == 1000
+    # The stop window reads nothing.
+    assert planner.next(events, label_highs={0: 9000, 1: 9000}, stop=True).label_size == 0
