@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
@@ -80,3 +82,27 @@ def consumer_lag(settings: KafkaSettings, group_id: str, topic: str) -> dict[int
     ends = end_offsets(settings, topic)
     committed = committed_offsets(settings, group_id, topic)
     return {p: end - committed.get(p, 0) for p, end in ends.items()}
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """One partition's leader (-1: none) and how many of its replicas are in sync."""
+
+    leader: int
+    replicas: int
+    in_sync: int
+
+
+def replica_states(settings: KafkaSettings, topics: list[str]) -> dict[tuple[str, int], Replicas]:
+    """(topic, partition) -> its leader and replicas, as the cluster's metadata says now. On
+    confluent-kafka, not kafka-python: this is asked while a broker is down, and kafka-python's admin
+    sends the request to one broker and raises if that is the dead one (seen in the failover test)."""
+    from confluent_kafka.admin import AdminClient
+
+    require_broker(settings)
+    admin = AdminClient({**settings.confluent(), "log_level": 0})
+    out = {}
+    for topic in topics:
+        for p, meta in admin.list_topics(topic, timeout=10).topics[topic].partitions.items():
+            out[(topic, p)] = Replicas(meta.leader, len(meta.replicas), len(meta.isrs))
+    return out

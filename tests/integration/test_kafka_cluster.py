@@ -16,7 +16,7 @@ import pytest
 
 from load.bench.common import read_whole_topic
 from streamlearn.config import KafkaSettings
-from streamlearn.kafka.admin import end_offsets, ensure_topics
+from streamlearn.kafka.admin import end_offsets, ensure_topics, replica_states
 from streamlearn.kafka.broker import KafkaCluster, free_port
 from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers
 from streamlearn.train.trainer import run_dir
@@ -57,23 +57,12 @@ class Scoring(threading.Thread):
 
 def leaders(settings: KafkaSettings, *topics: str) -> dict[tuple[str, int], int]:
     """(topic, partition) -> the node id leading it (-1: none yet)."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({**settings.confluent(), "log_level": 0})
-    out = {}
-    for topic in topics:
-        for p, meta in admin.list_topics(topic, timeout=10).topics[topic].partitions.items():
-            out[(topic, p)] = meta.leader
-    return out
+    return {key: state.leader for key, state in replica_states(settings, list(topics)).items()}
 
 
-def in_sync(settings: KafkaSettings, *topics: str) -> dict[tuple[str, int], tuple[int, int]]:
-    """(topic, partition) -> (replicas, in-sync replicas)."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({**settings.confluent(), "log_level": 0})
-    return {(topic, p): (len(meta.replicas), len(meta.isrs))
-            for topic in topics for p, meta in admin.list_topics(topic, timeout=10).topics[topic].partitions.items()}
+def all_in_sync(settings: KafkaSettings, *topics: str) -> bool:
+    """Every partition of `topics` has all three replicas, all in sync."""
+    return {(s.replicas, s.in_sync) for s in replica_states(settings, list(topics)).values()} == {(3, 3)}
 
 
 def wait_until(what: str, predicate, timeout: float) -> float:
@@ -112,7 +101,7 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_rolling_r
         scores, dlq = topic + SCORES_SUFFIX, f"{topic}.dlq"
         ensure_topics(settings, {topic: 4, dlq: 1, scores: 1})
         topics = (topic, dlq, scores)
-        assert set(in_sync(settings, *topics).values()) == {(3, 3)}  # every partition on all three
+        assert all_in_sync(settings, *topics)  # every partition on all three brokers
         cfg = config(tmp_path, topic, until_idle_s=20.0)
         load = Producing(cluster.bootstrap, topic)  # the generator's producer: idempotent, acks=all
         training = Training(cfg, settings)
@@ -148,7 +137,7 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_rolling_r
             # shutdown hands leadership over first), each once every replica is in sync again.
             cluster.nodes[victim - 1].start()
             for node in [n for n in cluster.nodes if n.node_id != victim]:
-                wait_until("every replica in sync", lambda: set(in_sync(settings, *topics).values()) == {(3, 3)}, 120)
+                wait_until("every replica in sync", lambda: all_in_sync(settings, *topics), 120)
                 stopping_at = time.time()
                 assert node.stop()
                 stopped_at = time.time()
