@@ -67,7 +67,8 @@ class EventLookup:
     reads on in order and must never seek back."""
 
     def __init__(self, settings: KafkaSettings, topic: str, group_id: str, fetch_timeout_s: float = 60.0):
-        self.reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s, fetch=LOOKUP_FETCH)
+        self.reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s, fetch=LOOKUP_FETCH,
+                                  pause_between_reads=True)
 
     def watermarks(self, partitions: list[int]) -> dict[int, tuple[int, int]]:
         return self.reader.watermarks(partitions)
