@@ -21,6 +21,7 @@ from streamlearn.config import TrainConfig
 from streamlearn.kafka.admin import committed_offsets, end_offsets, ensure_topics
 from streamlearn.kafka.broker import free_port
 from streamlearn.loadgen.generator import run_load
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.monitor import Monitor, query, session_discovery_file
 from streamlearn.observe.evaluator import Evaluator, EvaluatorConfig
 from streamlearn.pipeline import load_pipeline
@@ -163,7 +164,11 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
 
         def second_burst():  # once the first checkpoint is out: the served version moves again after it
             wait_for(lambda: ckpt.newest(run_dir(cfg)) is not None, 90)
-            run_load(kafka.bootstrap, topic, partitions=4, count=3000, bad_fraction=0.05, seed=12)
+            # A trickle of 6 s, not a burst: events keep arriving ahead of the commits, so the lag
+            # the controller samples every 2 s is above zero for seconds. Two bursts, each learned
+            # within a second or two, were sampled as zero lag on all partitions (CI, 2026-11-29).
+            run_load(kafka.bootstrap, topic, partitions=4, count=3000, bad_fraction=0.05, seed=12,
+                     profile=parse_profile("constant:500"))
 
         producer = threading.Thread(target=second_burst, daemon=True)
         producer.start()
