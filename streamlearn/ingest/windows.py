@@ -107,9 +107,9 @@ class WindowPlanner:
 
     def available(self, high_watermarks: dict[int, int], label_highs: dict[int, int] | None = None) -> int:
         """Events (and labels) Kafka has that no window has planned yet."""
-        waiting = sum(max(0, high - self.positions.get(p, 0)) for p, high in high_watermarks.items())
+        waiting = _waiting(self.positions, high_watermarks)
         if self.label_positions is not None:
-            waiting += sum(max(0, high - self.label_positions.get(p, 0)) for p, high in (label_highs or {}).items())
+            waiting += _waiting(self.label_positions, label_highs or {})
         return waiting
 
     def exhausted(self, extra: int = 0) -> bool:
