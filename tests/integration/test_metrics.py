@@ -130,7 +130,11 @@ class LagSampler(threading.Thread):
 def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, topic, tmp_path):
     discovery = session_discovery_file()
     assert wait_for(discovery.exists, 30), f"Ray wrote no {discovery}"
-    monitor = Monitor(data_dir=tmp_path / "prometheus", port=0, discovery_file=discovery, scrape_interval_s=1)
+    monitor = Monitor(data_dir=tmp_path / "prometheus", port=0, discovery_file=discovery,
+                      # 2 s, not 1: the scrape timeout is 0.8 of it, and a gauge of a process that has ended
+                      # is evicted by Ray's agent 2 report intervals (2 s here) after its last report, so a
+                      # run whose scrapes time out under the suite's load leaves no gauge at all (CI, twice)
+                      scrape_interval_s=2)
     monitor.up()
     url = monitor.url
     cfg = TrainConfig(pipeline=PIPELINE_SPEC, topic=topic, workers=2, cpus_per_worker=0.5,
@@ -210,7 +214,7 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
         assert steps == newest["counters"]["steps"] > 0
         written = counters["streamlearn_checkpoints"] - before["streamlearn_checkpoints"]
         assert written == summary["checkpoints"] >= 2
-        assert checkpoint_version == newest["version"]
+        assert checkpoint_version == newest["version"], scrape_health(url)
         for name in ("streamlearn_train_loss", "streamlearn_checkpoint_age_seconds",
                      "streamlearn_checkpoint_timestamp_seconds"):
             assert gauge(url, name) is not None, name
@@ -299,6 +303,14 @@ def _judge_served_answers(kafka_settings, topic: str, url: str, run_dir) -> dict
                                                                     lookback_s=3600))
     evaluator.run(duration_s=8)
     return read_last_jsonl(run_dir / "served.jsonl")
+
+
+def scrape_health(url: str) -> dict[str, float | None]:
+    """What Prometheus's own series say of its scrapes of Ray over the test: a gauge goes missing
+    where scrapes failed while the process that set it lived."""
+    failed = 'sum(count_over_time(up{job="ray"}[10m]) - sum_over_time(up{job="ray"}[10m]))'
+    return {"failed_scrapes": value(url, failed),
+            "slowest_scrape_s": value(url, 'max(max_over_time(scrape_duration_seconds{job="ray"}[10m]))')}
 
 
 def _wait_for_targets(url: str, timeout: float = 20.0) -> bool:
