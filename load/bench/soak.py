@@ -435,8 +435,6 @@ def report(args, cfg: TrainConfig, samples: list[dict], served_at: float | None,
                         "bad_fraction": BAD_FRACTION, "sample_every_s": args.sample_every,
                         "loadavg_1m_before": loadavg_before, "passed": passed, **figures, "samples": kept})
     g = figures["gates"]
-    lines = [f"| {name} | {'pass' if gate['passed'] else '**FAIL**'} | {gate_figures(gate)} |"
-             for name, gate in g.items()]
     rows = [f"| {m['process']}{'' if m['gated'] else ' (not gated)'}{jvm_note(m)} | {m['rss_start_mib']:.0f} | "
             f"{m['rss_end_mib']:.0f} | {m['rss_max_mib']:.0f} | {m['growth_mib']:+.1f} | "
             f"{m['slope_mib_per_min']:+.2f} |"
@@ -450,11 +448,6 @@ def report(args, cfg: TrainConfig, samples: list[dict], served_at: float | None,
         f"the run). "
         f"1-min load average before the run: {loadavg_before}. {machine_line()}",
         "",
-        f"**{'Passed' if passed else 'Failed'}.** {figures['requests']:,} scoring requests, p50 "
-        f"{num(figures['scoring_p50_ms'])} ms, p99 {num(figures['scoring_p99_ms'])} ms over the run.",
-        "",
-        "| gate | result | figures |", "|---|---|---|", *lines,
-        "",
         "![lag, RSS by role and scoring latency over the soak](bench/soak.png)",
         "",
         "Resident memory per process after warm-up (MiB; slope by least squares; Ray's own GCS and raylet "
@@ -467,15 +460,6 @@ def report(args, cfg: TrainConfig, samples: list[dict], served_at: float | None,
     print(json.dumps({"passed": passed, "gates": g}, default=str, indent=1))
     if not passed:
         sys.exit(1)
-
-
-def gate_figures(gate: dict) -> str:
-    shown = {k: v for k, v in gate.items() if k not in ("passed", "checks", "worst")}
-    if "worst" in gate and gate["worst"]:
-        shown["worst"] = f"{gate['worst']['process']} {gate['worst']['slope_mib_per_min']:+.2f} MiB/min"
-    if "checks" in gate:
-        shown["failed checks"] = [k for k, ok in gate["checks"].items() if not ok] or "none"
-    return "; ".join(f"{k} {num(v, ',.1f') if isinstance(v, float) else v}" for k, v in shown.items())
 
 
 if __name__ == "__main__":
