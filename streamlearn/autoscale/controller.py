@@ -130,6 +130,10 @@ class ScaleController:
         return self.resizer.group
 
     # --- rank 0 -----------------------------------------------------------------------
+    # The calls made per window or per poll keep no task events: Ray's GCS keeps each call's
+    # events (~3 KB) up to 100,000 tasks, and `progress` alone (~30 calls/s at 2k events/s) grew
+    # the GCS 5 MiB/min through the hour's soak (issue 47). The dashboard still lists the actor.
+    @ray.method(enable_task_events=False)
     def progress(self, learned_total: int, workers: int, step_t: float) -> None:
         """Rank 0, after each window it learned: events learned by this group, and when."""
         with self._lock:
@@ -150,6 +154,7 @@ class ScaleController:
                 if role == "worker":  # every group start, Ray Train's restart after a failure too
                     self.pool.group_started(time.time())
 
+    @ray.method(enable_task_events=False)
     def resize_due(self) -> int | None:
         """The running group's rank 0 polls this: a worker count to stop for now, or None."""
         with self._lock:
@@ -178,12 +183,14 @@ class ScaleController:
                 log("warm_group_ready", pipeline=self.pipeline, gen=gen, workers=self.resizer.current.to)
             return ok
 
+    @ray.method(enable_task_events=False)
     def handover(self, gen: int) -> str:
         """Every rank of a warm group polls this: "go", "abort" or "wait"."""
         with self._lock:
             return self.resizer.handover(gen)
 
     # --- driver -----------------------------------------------------------------------
+    @ray.method(enable_task_events=False)
     def warm_plan(self, gen: int) -> int | None:
         """The driver polls this while a group runs: a size to start beside it now (as group `gen`)."""
         with self._lock:

@@ -78,6 +78,7 @@ class WindowFeed:
     def join_state(self) -> dict[str, np.ndarray]:
         return self._join_state
 
+    @ray.method(enable_task_events=False)  # per window: no task events piling up in the GCS
     async def put(self, window: Window) -> None:
         async with self._changed:
             self._windows[window.seq] = window
@@ -85,6 +86,7 @@ class WindowFeed:
                 del self._windows[seq]
             self._changed.notify_all()
 
+    @ray.method(enable_task_events=False)  # per window and lane
     async def next(self, after: int | None, timeout_s: float = 1.0, lane: int = -1) -> Window | None:
         """The window after seq `after` (the group's first, window 0, for None); None if none came
         in time. Never "the oldest held": Ray runs an async actor's calls out of order, so rank 0's
