@@ -16,6 +16,9 @@ min.insync.replicas 2): `--broker-kills` times, the broker leading most of the t
 SIGKILLed; timed are the kill to new leaders on all of them, and the new leaders to the first
 checkpoint that learned events written there after the kill; the broker is then restarted and
 the next kill waits until every replica is back in sync. Audited for exactly-once the same way.
+Meanwhile the default scorer, answering into a topic of the cluster (`--scores-topic`), is called
+back to back by 2 clients: counted are the requests that failed once the first model was served,
+and the longest span over which requests kept failing (issue 47: none longer than the election).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import tempfile
@@ -31,7 +35,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from load.bench.common import audit_exactly_once, bench_broker, machine_line, start_bench_ray, write_json, write_section
+from load.bench.common import (
+    audit_exactly_once,
+    bench_broker,
+    machine_line,
+    score_continuously,
+    start_bench_ray,
+    write_json,
+    write_section,
+)
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.kafka.admin import end_offsets, ensure_topics, replica_states
@@ -39,11 +51,16 @@ from streamlearn.kafka.broker import KafkaCluster, free_port
 from streamlearn.loadgen.generator import run_load
 from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
+from streamlearn.serve.answers import SCORES_SUFFIX
+from streamlearn.serve.app import deploy
+from streamlearn.serve.app import shutdown as serve_shutdown
+from streamlearn.serve.config import ServeConfig
 from streamlearn.train.trainer import run_dir, train
 
 TOPIC, PARTITIONS = "faults", 4
 TARGET_S = 30.0  # issue 15
 BAR_S = 10.0  # issue 47
+SCORING_CLIENTS = 2
 # Startup marks in the order a replacement group reaches them (streamlearn/train/loop.py, Startup).
 STARTED = time.time()  # the runs' start: the startup marks in history rows are seconds since it
 MARKS = ("worker_process", "loop_entered", "model_ready", "restored", "first_batch_read", "first_step_done")
@@ -160,17 +177,52 @@ def under_load(args, home: Path, settings: KafkaSettings, bootstrap: str, fault,
 def broker_failovers(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = KafkaCluster(size=3, port=0, data_dir=Path(tmp) / "kafka").start()
+        stop, requests = threading.Event(), []
         try:
             settings = KafkaSettings(bootstrap=cluster.bootstrap)
-            ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
+            ensure_topics(settings, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1, TOPIC + SCORES_SUFFIX: 1})
+            # 503 until under_load's trainer writes its first checkpoint there; those are not counted
+            url = deploy(ServeConfig(checkpoint_dir=str(Path(tmp) / "ckpt"), port=free_port(),
+                                     scores_topic=TOPIC + SCORES_SUFFIX, scores_bootstrap=cluster.bootstrap))
+            for _ in range(SCORING_CLIENTS):
+                threading.Thread(target=score_continuously, args=(url, stop, requests), daemon=True).start()
             runs, audited = under_load(args, Path(tmp), settings, cluster.bootstrap,
                                        lambda cfg, training: broker_kill_and_time(cluster, settings, cfg, training),
                                        args.broker_kills)
+        except BaseException:  # the brokers' own account of it outlives the temporary directory
+            kept = Path(tempfile.mkdtemp(prefix="faults-kafka-logs-"))
+            for i, node in enumerate(cluster.nodes, 1):
+                shutil.copytree(node.log_file.parent, kept / f"node-{i}", dirs_exist_ok=True)
+            print(f"faults: the brokers' logs are kept in {kept}", flush=True)
+            raise
         finally:
+            stop.set()
+            serve_shutdown()
             cluster.stop()
-    return {"runs": runs, "exactly_once": audited,
+    return {"runs": runs, "exactly_once": audited, "scoring": scoring_figures(requests),
             "kill_to_new_leaders_s_median": statistics.median(r["new_leaders_s"] for r in runs),
             "new_leaders_to_learning_s_median": statistics.median(r["learning_s"] for r in runs)}
+
+
+def scoring_figures(requests: list[tuple[float, float, int]]) -> dict:
+    """(start, seconds, status) per request -> what failed once the first model was served, and
+    the longest span from a failing request's start to the next answered one's."""
+    requests = sorted(requests)
+    first = next((i for i, r in enumerate(requests) if r[2] == 200), len(requests))
+    served = requests[first:]
+    longest, failing_since = 0.0, None
+    for started, _seconds, status in served:
+        if status != 200 and failing_since is None:
+            failing_since = started
+        elif status == 200 and failing_since is not None:
+            longest, failing_since = max(longest, started - failing_since), None
+    if failing_since is not None:
+        longest = max(longest, served[-1][0] + served[-1][1] - failing_since)
+    seconds = sorted(r[1] for r in served if r[2] == 200)
+    return {"clients": SCORING_CLIENTS, "requests_once_served": len(served),
+            "failed_once_served": sum(r[2] != 200 for r in served), "longest_failing_span_s": round(longest, 3),
+            "p99_ms": round(1000 * seconds[int(0.99 * (len(seconds) - 1))], 1) if seconds else None,
+            "slowest_answered_s": round(seconds[-1], 3) if seconds else None}
 
 
 def broker_kill_and_time(cluster: KafkaCluster, settings: KafkaSettings, cfg: TrainConfig, training) -> dict:
@@ -265,7 +317,17 @@ def failover_text(failovers: dict) -> str:
             f"{'met' if failovers['new_leaders_to_learning_s_median'] <= BAR_S else 'not met'}). Exactly-once "
             f"against a re-read: {'held' if audited['passed'] else 'BROKEN ' + str(audited['checks'])} "
             f"({audited['learned']:,} learned, {audited['dead_lettered']:,} dead-lettered of "
-            f"{audited['produced']:,} produced).")
+            f"{audited['produced']:,} produced). {scoring_text(failovers['scoring'])}")
+
+
+def scoring_text(scoring: dict | None) -> str:
+    if scoring is None:  # a faults.json of before the scorer was part of the phase
+        return ""
+    return (f"Scoring through the kills (the default scorer answering into a topic of the cluster, "
+            f"{scoring['clients']} clients back to back): **{scoring['failed_once_served']:,} of "
+            f"{scoring['requests_once_served']:,} requests failed** once the first model was served; longest "
+            f"span of failing requests {scoring['longest_failing_span_s']:.1f} s; p99 {scoring['p99_ms']} ms, "
+            f"slowest answer {scoring['slowest_answered_s']} s.")
 
 
 if __name__ == "__main__":

@@ -247,6 +247,13 @@ def faults(d: dict) -> str:
                   ", ".join(f"{r['learning_s']:.1f}" for r in moved), f"≤ {bar:g} s (issue 47)", met(learning <= bar)],
                  [f"exactly once after the broker kills: {audit['learned']:,} learned + {audit['dead_lettered']:,} "
                   f"dead-lettered of {audit['produced']:,} produced", "", "", "every check", met(audit["passed"])]]
+        if scoring := failover.get("scoring"):
+            shortest = min(r["new_leaders_s"] for r in moved)  # issue 47: no failure outlasts an election
+            rows += [[f"scoring through the broker kills ({scoring['clients']} clients): failed of "
+                      f"{scoring['requests_once_served']:,} once served; the longest span of failing ones",
+                      secs(scoring["longest_failing_span_s"]), f"{scoring['failed_once_served']:,} failed",
+                      f"no span longer than an election ({shortest:.1f} s)",
+                      met(scoring["longest_failing_span_s"] <= shortest)]]
     lines = table(["measure", "median", "runs (s)", "target", ""], rows, "lrlll")
     service = f", each after its group learned {d['in_service_s']:g} s past its checkpoints" \
         if "in_service_s" in d else ""
