@@ -7,7 +7,8 @@ On this machine: Kafka, continuous training (2 Ray Train workers, default settin
 Ray Serve scorer, the load generator at a steady rate with 5 % malformed events, and 8 clients
 scoring single events back to back. Every sample (~10 s): the resident memory (RSS) of every
 process of the service, the consumer lag (events in Kafka that no checkpoint holds yet) and the
-scoring latencies since the last sample.
+scoring latencies since the last sample; and each process's CPU seconds and the machine's by
+kind (user, system, iowait, steal, idle), cumulative, so a slow patch shows what took the cores.
 
 The gates (issue 15), each recorded with its figures in docs/bench/soak.json:
 - no scoring request fails once the first model is served (no retries: the clients count the
@@ -156,6 +157,21 @@ def rss(pid: int) -> int | None:
         return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The process's CPU time so far (user + system), in seconds."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return round(t.user + t.system, 2)
+    except psutil.Error:
+        return None
+
+
+def machine_cpu_seconds() -> dict[str, float]:
+    """The machine's CPU time so far by kind: a slow patch shows who took the cores, or the host (steal)."""
+    return {k: round(v, 1) for k, v in psutil.cpu_times()._asdict().items()
+            if k in ("user", "nice", "system", "iowait", "steal", "idle")}
+
+
 def jvm_heap_mib(pid: int | None) -> float | None:
     """The JVM's committed heap (survivor, eden and old spaces' capacities, `jstat -gc`), in MiB;
     None without a JDK's jstat or a JVM at `pid`."""
@@ -221,6 +237,10 @@ def sample_forever(stop: threading.Event, every: float, started: float, dashboar
                         "lag_events": lags[-1][1] if lags else None,
                         "lag_peak_events": max(v for _, v in lags) if lags else None,
                         "learned": ckpt.read_meta(newest)["counters"]["learned"] if newest else 0,
+                        # cumulative, so any two samples give the CPU each process took between them
+                        "cpu_s": {f"{role} {pid}": value for pid, role in procs.items()
+                                  if (value := cpu_seconds(pid)) is not None},
+                        "machine_cpu_s": machine_cpu_seconds(),
                         "requests": int(counts.sum()) + failed, "failed": failed, "failed_at": failed_at,
                         "p50_ms": percentile(counts, 50), "p99_ms": percentile(counts, 99), "histogram": counts})
         s = samples[-1]
