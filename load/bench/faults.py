@@ -320,9 +320,7 @@ def failover_text(failovers: dict) -> str:
             f"{audited['produced']:,} produced). {scoring_text(failovers['scoring'])}")
 
 
-def scoring_text(scoring: dict | None) -> str:
-    if scoring is None:  # a faults.json of before the scorer was part of the phase
-        return ""
+def scoring_text(scoring: dict) -> str:
     return (f"Scoring through the kills (the default scorer answering into a topic of the cluster, "
             f"{scoring['clients']} clients back to back): **{scoring['failed_once_served']:,} of "
             f"{scoring['requests_once_served']:,} requests failed** once the first model was served; longest "
