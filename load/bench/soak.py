@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -120,13 +121,52 @@ def score_forever(url: str, stop: threading.Event, tally: Tally, seed: int) -> N
             tally.add(time.perf_counter() - started, ok)
 
 
-def service_processes(dashboard: str, broker: int | None) -> dict[int, str]:
+class Clients:
+    """The scoring clients, in a process of their own. In the driver's process they shared its GIL
+    with the train driver and a generator producing 2,000 events/s (0.88 of the 2 cores together),
+    so a latency counted the wait for the interpreter as much as the scorer's answer."""
+
+    def __init__(self, url: str, n: int):
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_clients_main, args=(url, n, child), daemon=True)
+        self.process.start()
+
+    def take(self) -> tuple[np.ndarray, list[float]]:
+        """The latency histogram and the failure times of every client since the last take."""
+        self.conn.send("take")
+        return self.conn.recv()
+
+    def stop(self) -> float | None:
+        """Stop the clients; when the first answer came (epoch seconds), or None."""
+        self.conn.send("stop")
+        first_ok = self.conn.recv()
+        self.process.join(10)
+        return first_ok
+
+
+def _clients_main(url: str, n: int, conn) -> None:
+    stop, tallies = threading.Event(), [Tally() for _ in range(n)]
+    threads = [threading.Thread(target=score_forever, args=(url, stop, tally, 100 + i), daemon=True)
+               for i, tally in enumerate(tallies)]
+    for t in threads:
+        t.start()
+    while conn.recv() == "take":
+        taken = [t.take() for t in tallies]
+        conn.send((sum(c for c, _ in taken), sorted(at for _, times in taken for at in times)))
+    stop.set()
+    for t in threads:
+        t.join()
+    conn.send(min((t.first_ok for t in tallies if t.first_ok), default=None))
+
+
+def service_processes(dashboard: str, broker: int | None, clients: int) -> dict[int, str]:
     """pid -> role of every live process of the service (looked up each sample: restarts change
     pids). HAProxy runs as a child of Serve's proxy actor; Ray's own GCS and raylet are children
     of this driver, which started the local cluster."""
     from ray.util.state import list_actors
 
-    found = {os.getpid(): "driver (train driver, generator, clients)"}
+    found = {os.getpid(): "driver (train driver, generator)", clients: "scoring clients"}
     if broker:
         found[broker] = "kafka broker"
     for actor in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")], limit=1000):
@@ -141,6 +181,21 @@ def service_processes(dashboard: str, broker: int | None) -> dict[int, str]:
         if name in ("gcs_server", "raylet"):
             found[child.pid] = f"ray {name}"
     return found
+
+
+def cpu_shares(pair: list[dict]) -> str:
+    """Cores each role took between two samples, the busiest first: what a slow patch ran beside."""
+    if len(pair) < 2:
+        return "n/a"
+    (a, b), seconds = pair, pair[1]["t"] - pair[0]["t"]
+    took: dict[str, float] = {}
+    for name, cpu in b["cpu_s"].items():
+        if name in a["cpu_s"]:
+            role = name.rsplit(" ", 1)[0]
+            took[role] = took.get(role, 0.0) + (cpu - a["cpu_s"][name]) / seconds
+    idle = (b["machine_cpu_s"]["idle"] - a["machine_cpu_s"]["idle"]) / seconds
+    busiest = sorted(took.items(), key=lambda kv: -kv[1])[:5]
+    return ", ".join(f"{role} {share:.2f}" for role, share in busiest) + f"; idle {idle:.2f}"
 
 
 def _children(pid: int) -> list[psutil.Process]:
@@ -204,7 +259,7 @@ def lag(settings: KafkaSettings, run_dir: Path) -> int | None:
 
 
 def sample_forever(stop: threading.Event, every: float, started: float, dashboard: str, broker_pid: int | None,
-                   settings: KafkaSettings, run_dir: Path, peak_window_s: float, tallies: list[Tally],
+                   settings: KafkaSettings, run_dir: Path, peak_window_s: float, clients: Clients,
                    samples: list) -> None:
     """A sample every `every` seconds; lag is read every second in between, and each sample keeps
     the peak of the last `peak_window_s` (two checkpoint intervals): lag is a sawtooth that drops
@@ -220,12 +275,11 @@ def sample_forever(stop: threading.Event, every: float, started: float, dashboar
         if time.time() < next_sample:
             continue
         next_sample += every
-        taken = [t.take() for t in tallies]
-        counts = sum(c for c, _ in taken)
-        failed_at = sorted(round(at - started, 2) for _, times in taken for at in times)
+        counts, failed_at = clients.take()
+        failed_at = [round(at - started, 2) for at in failed_at]
         failed = len(failed_at)
         try:
-            procs = service_processes(dashboard, broker_pid)
+            procs = service_processes(dashboard, broker_pid, clients.process.pid)
         except Exception as e:  # the state API can time out on a loaded machine: no memory this sample
             print(f"process list skipped: {type(e).__name__}: {e}")
             procs = {}
@@ -246,8 +300,8 @@ def sample_forever(stop: threading.Event, every: float, started: float, dashboar
         s = samples[-1]
         print(f"t={s['t']:.0f}s lag={s['lag_events']} (peak {s['lag_peak_events']}) learned={s['learned']:,} "
               f"requests={s['requests']} "
-              f"failed={failed} p99={s['p99_ms']} ms rss={sum(memory.values()):.0f} MiB / {len(memory)} processes",
-              flush=True)
+              f"failed={failed} p99={s['p99_ms']} ms rss={sum(memory.values()):.0f} MiB / {len(memory)} processes "
+              f"cores: {cpu_shares(samples[-2:])}", flush=True)
 
 
 def main() -> None:
@@ -265,7 +319,6 @@ def main() -> None:
 
     loadavg_before = round(os.getloadavg()[0], 2)
     samples: list[dict] = []
-    tallies = [Tally() for _ in range(args.clients)]
     with bench_broker({TOPIC: PARTITIONS}) as (home, broker, settings):
         ctx = start_bench_ray(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=free_port())
         # The defaults a user gets, but for the place and an end: train until the topic is idle.
@@ -274,22 +327,20 @@ def main() -> None:
         stop, started, failure = threading.Event(), time.time(), []
         # Daemons: a Ctrl-C of the soak ends the process (and Ray with it) instead of leaving it to the threads.
         trainer = threading.Thread(target=lambda: _catching(failure, train, cfg, settings), daemon=True)
-        threads = [threading.Thread(target=score_forever, args=(url, stop, tally, 100 + i), daemon=True)
-                   for i, tally in enumerate(tallies)]
-        threads.append(threading.Thread(daemon=True, target=sample_forever, args=(
+        clients = Clients(url, args.clients)
+        sampler = threading.Thread(daemon=True, target=sample_forever, args=(
             stop, args.sample_every, started, f"http://{ctx.dashboard_url}", broker.pid(), settings,
-            Path(cfg.checkpoint_dir) / cfg.run_name, 2 * cfg.checkpoint_every_s, tallies, samples)))
-        for t in [trainer, *threads]:
+            Path(cfg.checkpoint_dir) / cfg.run_name, 2 * cfg.checkpoint_every_s, clients, samples))
+        for t in (trainer, sampler):
             t.start()
         produced = run_load(broker.bootstrap, TOPIC, partitions=PARTITIONS, bad_fraction=BAD_FRACTION, seed=31,
                             profile=parse_profile(f"constant:{args.rate}"), duration=args.minutes * 60)["events"]
         stop.set()
-        for t in threads:
-            t.join()
+        sampler.join()
+        first_served = clients.stop()
         trainer.join()
         if failure:
             raise SystemExit(f"soak: training failed: {failure[0]!r}")
-        first_served = min((t.first_ok for t in tallies if t.first_ok), default=None)
         audited = audit_exactly_once(settings, cfg, produced)
         serve_shutdown()
         ray.shutdown()
