@@ -68,7 +68,8 @@ P99_GROWTH_MAX = 1.5
 LAG_WINDOW_S, P99_WINDOW_S = 300.0, 120.0
 # Ray actor classes that make up the service, by the role they play in it.
 ROLES = {"RayTrainWorker": "train worker", "ServeReplica": "serve replica", "HAProxyManager": "serve proxy",
-         "ProxyActor": "serve proxy", "ServeController": "serve controller", "TrainController": "train controller"}
+         "ProxyActor": "serve proxy", "ServeController": "serve controller", "TrainController": "train controller",
+         "ScaleController": "scale controller"}
 # Latency histogram: log-spaced edges from 0.1 ms to 100 s, 2 % apart, so percentiles of any
 # span of the run come from summed counts and the clients' memory stays flat for hours.
 EDGES = np.geomspace(1e-4, 100.0, int(np.log(1e6) / np.log(1.02)) + 1).tolist()
@@ -193,9 +194,12 @@ def cpu_shares(pair: list[dict]) -> str:
         if name in a["cpu_s"]:
             role = name.rsplit(" ", 1)[0]
             took[role] = took.get(role, 0.0) + (cpu - a["cpu_s"][name]) / seconds
-    idle = (b["machine_cpu_s"]["idle"] - a["machine_cpu_s"]["idle"]) / seconds
-    busiest = sorted(took.items(), key=lambda kv: -kv[1])[:5]
-    return ", ".join(f"{role} {share:.2f}" for role, share in busiest) + f"; idle {idle:.2f}"
+    machine = {k: (b["machine_cpu_s"][k] - a["machine_cpu_s"][k]) / seconds for k in b["machine_cpu_s"]}
+    busy = sum(v for k, v in machine.items() if k not in ("idle", "iowait", "steal"))
+    took["anything else"] = busy - sum(took.values())  # Ray's own processes, idle workers, the kernel
+    busiest = sorted(took.items(), key=lambda kv: -kv[1])[:6]
+    return (", ".join(f"{role} {share:.2f}" for role, share in busiest)
+            + f"; idle {machine['idle']:.2f}, steal {machine.get('steal', 0.0):.2f}")
 
 
 def _children(pid: int) -> list[psutil.Process]:

@@ -580,10 +580,22 @@ def ingest_rounds(d: dict) -> str:
     return with_machine(lines, d)
 
 
+def pacing(d: dict) -> str:
+    rows = [[num(float(rate)), num(by["default"]["events_per_s"]), num(by["default"]["cores"], ".3f"),
+             num(by["per event, 1 ms floor"]["cores"], ".3f"), num(by["before"]["cores"], ".3f"),
+             ratio(by["ratio_before_vs_default"])]
+            for rate, by in d["figures"].items()]
+    lines = table(["events/s asked", "events/s sent", "cores: default (slices, 1 ms floor)",
+                   "per event, 1 ms floor", "before (per event, no floor)", "before ÷ default"], rows, "rrrrrr")
+    rounds = len(next(iter(next(iter(d["runs"].values())).values())))
+    lines += ["", f"Medians of {rounds} alternating rounds of {d['seconds']:g} s each."]
+    return with_machine(lines, d, d.get("loadavg_1m_before"))
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "cpu_labels": cpu_labels, "cpu_roles": cpu_roles, "delayed_feedback": delayed_feedback, "drift": drift,
     "feedback_delay": feedback_delay, "feedback_ingest": feedback_ingest, "cpu_workers": cpu_workers,
-    "ingest_rounds": ingest_rounds,
+    "ingest_rounds": ingest_rounds, "pacing": pacing,
     "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
     "scaling": scaling, "scoring": scoring, "soak": soak, "soak_recheck": soak, "warm_pool": warm_pool,

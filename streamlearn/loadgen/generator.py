@@ -309,6 +309,9 @@ _PRODUCER_DEFAULTS = {
 _SLICE_S = 0.01
 _BURST_S = 0.1  # a stalled producer catches up at most this much, rather than flooding after a pause
 _MAX_BATCH = 4096
+# librdkafka's poll counts whole milliseconds: a shorter wait is poll(0), and the pacing loop spun
+# (a whole core at any rate, load/bench/pacing.py)
+_POLL_MIN_S = 0.001
 
 
 class _Pacer:
@@ -326,13 +329,21 @@ class _Pacer:
         rate = self.profile.rate_at(elapsed)
         self._tokens = min(self._tokens + rate * (elapsed - self._last), max(rate * _BURST_S, 1.0))
         self._last = elapsed
+        if self._tokens < _slice(rate):
+            return 0
         n = min(int(self._tokens), _MAX_BATCH)
         self._tokens -= n
         return n
 
     def wait_s(self, elapsed: float) -> float:
         rate = self.profile.rate_at(elapsed) if self.profile else 0.0
-        return min(_SLICE_S, (1.0 - self._tokens) / rate) if rate > 0 else _SLICE_S
+        return min(_SLICE_S, max((_slice(rate) - self._tokens) / rate, _POLL_MIN_S)) if rate > 0 else _SLICE_S
+
+
+def _slice(rate: float) -> float:
+    """The fewest events worth waking for: a slice's worth (at least one). Sent one by one, 2,000
+    events/s took 0.8 of a core, most of it in waking and in per-call overhead (py-spy, soak)."""
+    return max(rate * _SLICE_S, 1.0)
 
 
 def _check_topic(producer: Producer, bootstrap: str, topic: str, partitions: int) -> None:

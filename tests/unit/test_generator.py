@@ -207,6 +207,21 @@ def test_run_load_paces_to_the_profile(stub):
     assert 700 <= summary["events"] <= 1000  # never above rate x duration; a busy CI host may fall short
 
 
+def test_the_pacer_sends_slices_not_single_events():
+    """At 2,000 events/s the pacer wakes for a slice (10 ms, 20 events) at a time and never waits
+    under 1 ms: per event, and polling librdkafka for 0.3 ms (its poll(0)), the loop took a whole
+    core (load/bench/pacing.py). Walked in 0.1 ms steps through one second."""
+    pacer = generator._Pacer(Constant(2000))
+    taken = [n for n in (pacer.take(step / 10_000) for step in range(1, 10_001)) if n]
+    assert 1960 <= sum(taken) <= 2000
+    assert len(taken) <= 101 and min(taken) >= 20
+    assert 0 < pacer.wait_s(1.0) <= generator._SLICE_S
+    pacer._tokens = 19.99  # a wait under 1 ms would be librdkafka's poll(0): the loop spun on it
+    assert pacer.wait_s(1.0) >= 0.001
+    slow = generator._Pacer(Constant(5))  # below one event a slice, one event is worth waking for
+    assert 4 <= sum(slow.take(step / 100) for step in range(1, 101)) <= 5  # float sums: 4.999...
+
+
 def test_run_load_fails_loudly_when_events_stay_unacknowledged(stub, monkeypatch):
     monkeypatch.setattr(_StubProducer, "flush", lambda self, timeout: 7)
     with pytest.raises(KafkaUnavailable, match="7 event"):
