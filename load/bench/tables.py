@@ -598,7 +598,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "ingest_rounds": ingest_rounds, "pacing": pacing,
     "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
-    "scaling": scaling, "scoring": scoring, "soak": soak, "soak_recheck": soak, "warm_pool": warm_pool,
+    "scaling": scaling, "scoring": scoring, "soak": soak, "warm_pool": warm_pool,
 }
 
 
