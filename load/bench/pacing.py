@@ -3,13 +3,13 @@
     python -m load.bench.pacing [--rates 2000,20000] [--seconds 15] [--runs 3]
 
 `run_load` at `constant:RATE` for `--seconds` into a 4-partition topic of an embedded broker,
-measuring the process's CPU seconds over the wall time (librdkafka's threads included). Two
-Three contenders per rate, alternating in each round so all see the same machine: the default
+measuring the process's CPU seconds over the wall time (librdkafka's threads included). Three
+contenders per rate, alternating in each round so all see the same machine: the default
 pacer, which wakes for a slice's worth of events (10 ms) and never polls librdkafka for under
 1 ms; the per-event pacer with that floor; and the pacer before both (per event, no floor: a
 wait under 1 ms was librdkafka's poll(0), so the loop spun). Medians of `--runs` rounds; the
-ratio is before / default cores. The soak (load/bench/soak.py) showed the cost: its generator took 0.8
-of the machine's 2 cores at 2,000 events/s, beside the service it was meant to load.
+ratio is before / default cores. The soak (load/bench/soak.py) showed the cost: its generator
+took 0.8 of the machine's 2 cores at 2,000 events/s, beside the service it was meant to load.
 """
 
 from __future__ import annotations
