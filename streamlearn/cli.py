@@ -167,6 +167,10 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
           warm_pool: bool = typer.Option(TrainConfig.warm_pool,
                                          help="Autoscale: start a resize's Ray processes ahead of it, "
                                                     "imports done, while the autoscaler adds room."),
+          feedback_rows: bool = typer.Option(TrainConfig.feedback_rows,
+                                             help="Delayed feedback: keep learned events' features in the run "
+                                                  "directory (~256 B an event within the topic's retention) so "
+                                                  "a late report's event is not re-read from Kafka."),
           min_workers: int | None = typer.Option(None, help="Autoscale: fewest workers (default: --workers)."),
           max_workers: int | None = typer.Option(None, help="Autoscale: most workers (default: --workers)."),
           up_cooldown: float = typer.Option(ScalingPolicy.up_cooldown_s,
@@ -195,7 +199,7 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
                       checkpoint_every_s=checkpoint_every_s, checkpoint_every_steps=checkpoint_every_steps,
                       keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,
                       until_idle_s=until_idle, seed=seed, drift=drift, warm_pool=warm_pool,
-                      timeline=str(Path(timeline).resolve()) if timeline else "")
+                      feedback_rows=feedback_rows, timeline=str(Path(timeline).resolve()) if timeline else "")
     scaling = ScalingPolicy(min_workers=min_workers or workers, max_workers=max_workers or workers,
                             up_cooldown_s=up_cooldown, down_cooldown_s=down_cooldown, target_drain_s=target_drain,
                             capacity_floor=capacity_floor, normal_lag_s=checkpoint_every_s, warm_wait_s=warm_wait,

@@ -123,6 +123,9 @@ class TrainConfig:
     gate_evidence: int = 4096
     drift: bool = True  # rank 0's drift detectors (train/drift.py); off saves ~0.5 us an event on rank 0 (§21)
     warm_pool: bool = True  # start a resize's processes ahead of it, imports done (autoscale/warmpool.py)
+    # Delayed feedback: keep each learned event's features on disk (run dir, bounded by the events
+    # topic's retention), so a late report's event is a local read, not a Kafka re-read (ingest/rowstore.py).
+    feedback_rows: bool = True
     seed: int = 0
     timeline: str = ""  # opt-in Chrome-trace file of where each rank spends its time
 

@@ -11,10 +11,11 @@ and learns each again with the report's answer. The loss makes up for the double
 (train/feedback.py, FNW).
 
 Measured choice (docs/DECISIONS.md §20): a report carrying its event's coordinates costs the
-producer nothing it does not have (a delivery report names the offset) and the trainer one
-ranged read per run of nearby reported offsets; a report carrying the whole event would spare
-that read but trust the reporter with the features the model learns; an index from event id
-to offset would be a second store to keep consistent with the topic.
+producer nothing it does not have (a delivery report names the offset); a report carrying the
+whole event would trust the reporter with the features the model learns. The rank finds the
+event's features in its own store of the rows it learned (rowstore.py: one `pread`), and only
+where that misses (another rank's partition before a resize, a dead-lettered event, a lost
+file) re-reads the event from Kafka: one ranged read per run of nearby reported offsets.
 
 What a report can be, and what happens to it (each counted or dead-lettered, none blocks):
 - the silent answer ("legitimate"): changes nothing, counted as `ignored`;
@@ -34,14 +35,19 @@ run applied may then be dead-lettered as out of retention, never applied twice).
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 
 from streamlearn.config import KafkaSettings
-from streamlearn.ingest.decode import Batch, Decoded, decode_events, feature_width
-from streamlearn.ingest.join import by_partition
+from streamlearn.ingest.decode import Batch, Decoded, decode_events, feature_width, featurize
+from streamlearn.ingest.join import by_partition, join_keys
 from streamlearn.ingest.labelled import LabelJoin
 from streamlearn.ingest.reader import Message, RangeReader
+from streamlearn.ingest.rowstore import RowStore
 from streamlearn.ingest.windows import Window
+from streamlearn.logs import log
 from streamlearn.pipeline import DelayedFeedback, Pipeline
 
 WRONG_PARTITION = ("wrong_partition: the report is on partition {got} but names an event of partition {want}; "
@@ -60,6 +66,10 @@ RUN_SPAN = 4096
 # fetch after a seek must go at once: the reader's 20 ms fetch-queue back-off made a re-read
 # 4.0 ms, 0.55 ms without it (one re-read per report at a month's delay; measured, 1,200 reads).
 LOOKUP_FETCH = {"queued.max.messages.kbytes": 1024, "queued.min.messages": 1, "fetch.queue.backoff.ms": 0}
+# Where the topic starts (its retention) is asked of the broker at most this often while every
+# report's event is found in the row store (a re-read asks anyway): retention moves by segments
+# of hours, and the question is a broker round trip per partition.
+LOW_REFRESH_S = 60.0
 
 
 class EventLookup:
@@ -92,16 +102,20 @@ class EventLookup:
 
 
 class ReportFeedback:
-    """One rank's (or Ray Data lane's) delayed feedback: its partitions' reported offsets."""
+    """One rank's (or Ray Data lane's) delayed feedback: its partitions' reported offsets, and the
+    rows of the events it learned (None: every report's event is re-read)."""
 
-    def __init__(self, spec: DelayedFeedback, lookup: EventLookup):
-        self.spec, self.lookup = spec, lookup
+    def __init__(self, spec: DelayedFeedback, lookup: EventLookup, rows: RowStore | None = None):
+        self.spec, self.lookup, self.rows = spec, lookup, rows
         self.reported: dict[int, set[int]] = {}  # event partition -> offsets whose report was applied
         self.pending = {"events": 0, "labels": 0}  # nothing waits: the join's counts, for the meta
+        self._low: dict[int, tuple[int, float]] = {}  # partition -> (the topic's oldest offset, when asked)
 
     def batch(self, pipeline: Pipeline, window: Window, events: Decoded, label_messages: list) -> Batch:
         """The window's events with the silent answer, and the events its reports name with theirs."""
         spec = self.spec
+        if self.rows is not None:  # before the reports: one may name an event of this very window
+            self._keep(events)
         values = [m.value() for m in label_messages]
         found, kept, bad = spec.schema.decode_columns(values)
         refused = [(i, reason) for i, reason in bad]
@@ -117,9 +131,9 @@ class ReportFeedback:
                 named.setdefault(p, []).append((row, o))
         x, y, crcs = [events.x], [np.full(len(events.y), spec.unlabelled_as, np.float32)], [events.crcs]
         for p, reports in sorted(named.items()):
-            applied, at, dead = self._apply(pipeline, p, reports, found[spec.key])
-            x.append(applied.x[at])
-            crcs.append(applied.crcs[at])
+            features, fingerprints, dead = self._apply(pipeline, p, reports, found[spec.key])
+            x.append(features)
+            crcs.append(fingerprints)
             y.append(targets[[row for row, _ in reports if row not in dead]])
             refused += [(kept[row], reason) for row, reason in dead.items()]
         bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), values[i]), reason)
@@ -128,25 +142,38 @@ class ReportFeedback:
                      bad_labels=bad_labels, defaulted=len(events.y), ignored=ignored,
                      join_delta=self.delta() if window.checkpoint else None)
 
+    def _keep(self, events: Decoded) -> None:
+        """The window's learned events into the row store, for the reports still to come."""
+        at = [events.messages[i] for i in events.kept]
+        partitions = np.fromiter((m.partition() for m in at), np.int64, len(at))
+        offsets = np.fromiter((m.offset() for m in at), np.int64, len(at))
+        self.rows.add(partitions, offsets, join_keys(e[self.spec.key] for e in events.events), events.crcs, events.x)
+
     def _apply(self, pipeline: Pipeline, p: int, reports: list[tuple[int, int]], ids: list[str]):
-        """Partition p's reports, in order: re-read their events and judge each report ->
-        (the events decoded, the rows of them to learn in the reports' order, {report row: reason}
-        of the refused). A report is refused if its event was reported before, is past the
-        topic's retention or end, was dead-lettered, or has another id."""
-        low, high = self.lookup.watermarks([p])[p]
-        self._forget(p, low)
+        """Partition p's reports, in order: find their events (the row store, else a re-read) and
+        judge each report -> (the features and fingerprints to learn, in the reports' order;
+        {report row: reason} of the refused). A report is refused if its event was reported
+        before, is past the topic's retention or end, was dead-lettered, or has another id."""
+        keys = join_keys(ids[row] for row, _ in reports)
+        stored = self.rows.get(p, [o for _, o in reports], keys) if self.rows else [None] * len(reports)
         done = self.reported.setdefault(p, set())
-        readable = sorted({o for _, o in reports if low <= o < high and o not in done})
+        missed = {o for (_, o), hit in zip(reports, stored, strict=True) if hit is None and o not in done}
+        low, high = self._bounds(p, fresh=bool(missed))
+        readable = sorted(o for o in missed if low <= o < high)
         messages = self.lookup.read(p, readable) if readable else {}
         events = decode_events(pipeline, [messages[o] for o in readable])
         dead_at = {m.offset: why for m, why in events.dead}
         row_at = {readable[j]: row for row, j in enumerate(events.kept)}  # offset -> its decoded row
-        at, refused = [], {}
-        for row, o in reports:
+        x, crcs, refused = [], [], {}
+        for (row, o), hit in zip(reports, stored, strict=True):
             if o in done:
                 refused[row] = DUPLICATE.format(p=p, o=o)
             elif o < low:
                 refused[row] = OUT_OF_RETENTION.format(p=p, o=o, low=low)
+            elif hit is not None:
+                done.add(o)
+                x.append(hit[0])
+                crcs.append(hit[1])
             elif o >= high:
                 refused[row] = NOT_YET.format(p=p, o=o, high=high)
             elif o in dead_at:
@@ -155,8 +182,26 @@ class ReportFeedback:
                 refused[row] = OTHER_EVENT.format(p=p, o=o, found=got, want=ids[row])
             else:
                 done.add(o)
-                at.append(row_at[o])
-        return events, np.asarray(at, np.int64), refused
+                x.append(events.x[row_at[o]])
+                crcs.append(events.crcs[row_at[o]])
+        width = events.x.shape[1:]
+        return (np.stack(x) if x else np.empty((0, *width), events.x.dtype),
+                np.asarray(crcs, np.uint32), refused)
+
+    def _bounds(self, p: int, fresh: bool) -> tuple[int, float]:
+        """(the topic's oldest offset, the next to be written) of partition p. Asked of the broker
+        when `fresh` (a re-read follows) or the last answer is old; otherwise the oldest as last
+        asked and no end (every event sought was found in the row store, so is in the topic)."""
+        low, asked = self._low.get(p, (0, float("-inf")))
+        if not fresh and time.monotonic() - asked < LOW_REFRESH_S:
+            return low, float("inf")
+        low, high = self.lookup.watermarks([p])[p]
+        low = max(low, self._low.get(p, (0, 0.0))[0])  # never back: a pruned offset stays pruned
+        self._low[p] = (low, time.monotonic())
+        self._forget(p, low)
+        if self.rows is not None:
+            self.rows.prune(p, low)
+        return low, high
 
     def _forget(self, p: int, low: int) -> None:
         """Reported offsets behind retention: their reports could not be applied again anyway."""
@@ -177,12 +222,19 @@ class ReportFeedback:
 
     def close(self) -> None:
         self.lookup.close()
+        if self.rows is not None:  # how often the store spared a re-read, in the worker's log
+            log("feedback_rows", found=self.rows.hits, re_read=self.rows.misses, partitions=sorted(self.reported))
+            self.rows.close()
 
 
-def make_join(pipeline: Pipeline, settings: KafkaSettings, topic: str, group_id: str, partitions: int):
+def make_join(pipeline: Pipeline, settings: KafkaSettings, topic: str, group_id: str, partitions: int,
+              rows_dir: Path | None = None):
     """What a rank (or a Ray Data lane) joins its labels topic with: the join of labels that come
-    within a TTL (LabelJoin), or delayed feedback's reports (ReportFeedback, re-reading `topic`)."""
+    within a TTL (LabelJoin), or delayed feedback's reports (ReportFeedback: events found in a row
+    store under `rows_dir`, the run's, else re-read from `topic`)."""
     spec = pipeline.labels
     if isinstance(spec, DelayedFeedback):
-        return ReportFeedback(spec, EventLookup(settings, topic, group_id))
+        x0 = np.asarray(featurize(pipeline, [], [], [])[0])
+        rows = RowStore(rows_dir, x0.shape[1], x0.dtype) if rows_dir is not None else None
+        return ReportFeedback(spec, EventLookup(settings, topic, group_id), rows)
     return LabelJoin(spec, feature_width(pipeline), partitions)

@@ -34,6 +34,7 @@ import asyncio
 import io
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -65,7 +66,8 @@ class WindowFeed:
     """Rank 0 puts each planned window; every lane takes them in seq order (async: many waiters;
     the puts themselves may run in any order)."""
 
-    def __init__(self):
+    def __init__(self, rows_dir: Path | None = None):
+        self.rows_dir = rows_dir  # where delayed feedback's lanes keep the rows they learned
         self._windows: dict[int, Window] = {}
         self._changed = asyncio.Condition()
         self._asks: dict[int, tuple[int | None, float]] = {}  # lane -> (the seq it asked after, when)
@@ -77,6 +79,9 @@ class WindowFeed:
 
     def join_state(self) -> dict[str, np.ndarray]:
         return self._join_state
+
+    def row_store(self) -> Path | None:
+        return self.rows_dir
 
     @ray.method(enable_task_events=False)  # per window: no task events piling up in the GCS
     async def put(self, window: Window) -> None:
@@ -162,9 +167,13 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
     (its count is the messages read plus one), so that the ranks know every lane's join state
     at a checkpoint window and count a window complete only once every lane has spoken."""
     spec = pipeline.labels
+    try:
+        rows_dir = ray.get(feed.row_store.remote())
+    except ray.exceptions.RayActorError:
+        return  # the group is gone
     events = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
     labels = RangeReader(settings, topic + spec.suffix, group_id, fetch_timeout_s=fetch_timeout_s)
-    join = make_join(pipeline, settings, topic, group_id, len(events.partitions()))
+    join = make_join(pipeline, settings, topic, group_id, len(events.partitions()), rows_dir)
     seq = None
     try:
         while True:

@@ -25,6 +25,7 @@ import queue
 import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -74,11 +75,13 @@ class RayDataStream:
     lookahead = LOOKAHEAD
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
-                 rank: int, world: int, phases: Phases | None = None, gen: int = 0):
+                 rank: int, world: int, phases: Phases | None = None, rows_dir: Path | None = None,
+                 gen: int = 0):
         # WorkerStream's constructor (once per group) and the group's number, which names its Dataset.
         self.settings, self.topic, self.dlq_topic, self.group_id = settings, topic, dlq_topic, group_id
         self.pipeline, self.rank, self.world = pipeline, rank, world
         self.gen = gen  # the run's group number: a warm resize runs two groups' Datasets at once
+        self.rows_dir = rows_dir  # the lanes' row store (delayed feedback), handed over by the feed
         self.phases = phases or Phases(rank)
         # Rank 0 plans, commits and scans the dead-letter topic; the other ranks only receive.
         self.reader = RangeReader(settings, topic, group_id) if rank == 0 else None
@@ -104,7 +107,7 @@ class RayDataStream:
         build the model and restore. Nothing flows before rank 0 feeds the first window."""
         iterators = None
         if self.rank == 0:
-            self._feed = source.WindowFeed.remote()
+            self._feed = source.WindowFeed.remote(self.rows_dir)
             self._room = source.reserve_lanes(f"{self.dataset_name}-lanes-g{self.gen}", LANES)
             ds = source.build(self.settings, self.topic, self.group_id, self.pipeline,
                               self._feed, LANES, self.dataset_name, self._room)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -55,9 +56,10 @@ class Stream(Protocol):
 
 class WorkerStream:
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
-                 rank: int, world: int, phases: Phases | None = None):
+                 rank: int, world: int, phases: Phases | None = None, rows_dir: Path | None = None):
         # The ingest modes' one constructor (train/loop.py builds either): the run's topics, the
-        # pipeline, and where this rank stands; called once per group, never per window.
+        # pipeline, where this rank stands, and where delayed feedback keeps the rows it learned
+        # (ingest/rowstore.py; None: re-read every report's event); called once per group, never per window.
         self.pipeline, self.rank, self.world = pipeline, rank, world
         self.phases = phases or Phases(rank)
         self.reader = RangeReader(settings, topic, group_id)
@@ -67,7 +69,8 @@ class WorkerStream:
         spec = pipeline.labels
         self.label_topic = topic + spec.suffix if spec else None
         self.label_reader = RangeReader(settings, self.label_topic, group_id) if spec else None
-        self.join = make_join(pipeline, settings, topic, group_id, len(self.reader.partitions())) if spec else None
+        self.join = make_join(pipeline, settings, topic, group_id, len(self.reader.partitions()),
+                              rows_dir) if spec else None
 
     lookahead = 1  # windows planned and reading beyond the one being learned
 

@@ -31,6 +31,7 @@ from streamlearn.collectives import broadcast, exchange
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.ingest.decode import Batch, feature_width
+from streamlearn.ingest.rowstore import ROWS_DIR
 from streamlearn.ingest.stream import Stream, WorkerStream
 from streamlearn.ingest.windows import Window, WindowPlanner
 from streamlearn.logs import bind, log
@@ -138,7 +139,8 @@ class Worker:
         # wrapped for DDP (its first use imports much of torch.distributed), the optimizer (torch.optim's
         # first optimizer imports torch._dynamo: 3-4.5 s of one core here, measured).
         stream = _stream_class(cfg, inputs.gen)(inputs.kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline,
-                                                rank, world, phases)
+                                                rank, world, phases,
+                                                rows_dir=_run_dir(cfg) / ROWS_DIR if cfg.feedback_rows else None)
         startup.mark("kafka_clients")
         # --sync window: no DDP wrapper, each rank steps alone and the learner averages (averaging.py).
         model = ray.train.torch.prepare_model(pipeline.build_model(),

@@ -1,8 +1,8 @@
 """Delayed feedback's window (`ReportFeedback.batch`, what a direct-path rank and a Ray Data lane
 both run) over an events topic held in memory: every event learned at once as legitimate, each
-report's event re-read by its coordinates and learned again as a fraud, and every report that
-cannot be applied dead-lettered with its reason. Kafka itself, through a worker kill:
-tests/integration/test_delayed_feedback.py."""
+report's event found in the rank's row store or re-read by its coordinates and learned again as
+a fraud, and every report that cannot be applied dead-lettered with its reason. Kafka itself,
+through a worker kill: tests/integration/test_delayed_feedback.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from streamlearn.errors import ConfigError
-from streamlearn.ingest.decode import decode_events
-from streamlearn.ingest.feedback import RUN_SPAN, EventLookup, ReportFeedback
+from streamlearn.ingest.decode import decode_events, feature_width
+from streamlearn.ingest.feedback import LOW_REFRESH_S, RUN_SPAN, EventLookup, ReportFeedback
+from streamlearn.ingest.rowstore import RowStore
 from streamlearn.ingest.windows import Window
 from streamlearn.loadgen.generator import BankingSimulator, encode_batch
 from streamlearn.loadgen.labels import encode_label
@@ -30,11 +31,14 @@ class Topic:
 
     def __init__(self, partitions: dict[int, list[Msg]], low: dict[int, int] | None = None):
         self.partitions, self.low = partitions, low or {}
+        self.asked = self.reads = 0  # broker round trips a real lookup would make
 
     def watermarks(self, partitions):
+        self.asked += len(partitions)
         return {p: (self.low.get(p, 0), len(self.partitions[p])) for p in partitions}
 
     def read(self, p, offsets):
+        self.reads += len(offsets)
         return {o: self.partitions[p][o] for o in offsets}
 
     def close(self):
@@ -77,10 +81,53 @@ def test_every_event_is_learned_at_once_as_legitimate_and_a_reported_one_again_a
                                                            strict=True))
 
 
-def test_reports_that_cannot_be_applied_are_dead_lettered_with_their_reason_and_the_silent_answer_is_counted():
+def _stores(tmp_path):
+    return RowStore(tmp_path, feature_width(PIPELINE))
+
+
+def test_a_report_finds_its_event_in_the_row_store_and_learns_what_a_re_read_gives(tmp_path):
+    placed, topic = _events(4, 200)
+    messages = [m for p in sorted(topic) for m in topic[p]]
+    frauds = [(e, v, p, o) for e, v, p, o in placed if e["is_fraud"]] or placed[:3]
+    reports = [_report(e, p, o, n) for n, (e, _, p, o) in enumerate(frauds)]
+    plain, stored_topic = Topic(topic), Topic(topic)
+    re_read = ReportFeedback(PIPELINE.labels, plain)
+    stored = ReportFeedback(PIPELINE.labels, stored_topic, _stores(tmp_path))
+    for feedback in (re_read, stored):  # the events' window, then (later) their reports'
+        _batch(feedback, messages, [])
+    a, b = _batch(re_read, [], reports), _batch(stored, [], reports)
+    assert b.size == len(frauds) and b.targets.tolist() == a.targets.tolist() and not b.bad_labels
+    assert b.features.tobytes() == a.features.tobytes() and b.crcs.tolist() == a.crcs.tolist()
+    assert plain.reads == len(frauds) and stored_topic.reads == 0  # not one event re-read
+    assert stored_topic.asked == len({p for _, _, p, _ in frauds})  # retention, once per partition
+    again = [_report(e, p, o, n) for n, (e, _, p, o) in enumerate(frauds)]
+    assert {reason_code(r) for _, r in _batch(stored, [], again).bad_labels} == {"duplicate_report"}
+    assert stored_topic.asked == len({p for _, _, p, _ in frauds})  # not again within LOW_REFRESH_S
+    assert LOW_REFRESH_S >= 10
+
+
+def test_a_report_whose_row_is_gone_re_reads_its_event(tmp_path):
+    placed, topic = _events(4, 60)
+    messages = [m for p in sorted(topic) for m in topic[p]]
+    e, _, p, o = placed[9]
+    store = _stores(tmp_path)
+    feedback = ReportFeedback(PIPELINE.labels, (lookup := Topic(topic)), store)
+    _batch(feedback, messages, [])
+    for f in store.dir.iterdir():  # lost (another node's disk, a wiped directory)
+        f.unlink()
+    store.close()
+    batch = _batch(feedback, [], [_report(e, p, o, 0)])
+    assert batch.size == 1 and lookup.reads == 1 and batch.crcs.tolist() == [zlib.crc32(placed[9][1])]
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["re-read", "row-store"])
+def test_reports_that_cannot_be_applied_are_dead_lettered_with_their_reason_and_the_silent_answer_is_counted(
+        stored, tmp_path):
     placed, topic = _events(5, 40)
     topic[1].append(Msg(1, len(topic[1]), b"{not json", 0))  # a malformed event, dead-lettered when read
-    feedback = ReportFeedback(PIPELINE.labels, Topic(topic, low={0: 4}))
+    feedback = ReportFeedback(PIPELINE.labels, Topic(topic, low={0: 4}), _stores(tmp_path) if stored else None)
+    if stored:  # every event's window first: the store holds each valid one
+        assert _batch(feedback, [m for q in sorted(topic) for m in topic[q]], []).dead_lettered == 1
     (e0, _, _, o0), (e1, _, _, o1) = [x for x in placed if x[2] == 0][5:7]
     (e2, _, _, o2) = [x for x in placed if x[2] == 1][3]
     reports = [

@@ -1,0 +1,88 @@
+"""The row store delayed feedback finds a late report's event in (ingest/rowstore.py): rows come
+back as written, anything not whole and of the asked event is a miss, files below retention go.
+Its use in a window, against re-reads: tests/unit/test_feedback_join.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from streamlearn.ingest.rowstore import MARK, SEGMENT_BITS, RowStore, row_dtype
+
+
+def _rows(n: int, width: int = 5, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(1, 2**63, n, dtype=np.uint64), rng.integers(0, 2**32, n, dtype=np.uint32),
+            rng.normal(size=(n, width)).astype(np.float32))
+
+
+def test_rows_are_a_power_of_two_so_none_straddles_a_page():
+    for width in (1, 5, 43, 200):
+        size = row_dtype(width, np.dtype(np.float32)).itemsize
+        assert size & (size - 1) == 0 and size >= 24 + 4 * width
+
+
+def test_rows_come_back_as_written_across_partitions_files_and_gaps(tmp_path):
+    store = RowStore(tmp_path, 5)
+    edge = 1 << SEGMENT_BITS
+    offsets = np.array([0, 1, 3, edge - 1, edge, edge + 7, 10, 11], np.int64)  # 2 is dead-lettered: a gap
+    partitions = np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64)
+    keys, crcs, x = _rows(len(offsets))
+    store.add(partitions, offsets, keys, crcs, x)
+    for i, (p, o) in enumerate(zip(partitions.tolist(), offsets.tolist(), strict=True)):
+        [(got, crc)] = store.get(p, [o], keys[i:i + 1])
+        assert crc == crcs[i] and got.tobytes() == x[i].tobytes()  # the same bytes a re-read gives
+    assert store.get(0, [2, 5, 3 * edge], np.array([1, 1, 1], np.uint64)) == [None] * 3  # gap, unwritten, no file
+    assert store.get(0, [0], np.array([keys[0] + np.uint64(1)])) == [None]  # another event's id
+    assert store.get(1, [0], keys[:1]) == [None]
+    assert sorted(f.name for f in store.dir.iterdir()) == ["p0-000000.rows", "p0-000001.rows", "p1-000000.rows"]
+    assert store.hits == 8 and store.misses == 5
+
+
+def test_a_torn_or_zeroed_row_is_a_miss(tmp_path):
+    store = RowStore(tmp_path, 5)
+    keys, crcs, x = _rows(3)
+    store.add(np.zeros(3, np.int64), np.arange(3, dtype=np.int64), keys, crcs, x)
+    size = store.dtype.itemsize
+    path = store.dir / "p0-000000.rows"
+    with open(path, "r+b") as f:  # row 1 lost its second half (the mark), row 2 is all zeros
+        f.seek(size + 16)
+        f.write(b"\0" * (size - 16))
+        f.seek(2 * size)
+        f.write(b"\0" * size)
+    assert np.frombuffer(path.read_bytes()[:size], store.dtype)[0]["mark"] == MARK
+    found = store.get(0, [0, 1, 2], keys)
+    assert found[0] is not None and found[1:] == [None, None]
+
+
+def test_files_whose_offsets_are_all_below_retention_are_deleted(tmp_path):
+    store = RowStore(tmp_path, 5)
+    edge = 1 << SEGMENT_BITS
+    offsets = np.array([5, edge + 5, 2 * edge + 5], np.int64)
+    keys, crcs, x = _rows(3)
+    store.add(np.zeros(3, np.int64), offsets, keys, crcs, x)
+    store.prune(0, 2 * edge - 1)  # the second file still holds offset 2 * edge - 1
+    assert sorted(f.name for f in store.dir.iterdir()) == ["p0-000001.rows", "p0-000002.rows"]
+    assert store.get(0, [5], keys[:1]) == [None]
+    assert store.get(0, [2 * edge + 5], keys[2:]) != [None]
+    store.close()
+
+
+def test_the_same_window_written_again_leaves_the_same_bytes(tmp_path):
+    store = RowStore(tmp_path, 5)
+    keys, crcs, x = _rows(100)
+    args = (np.zeros(100, np.int64), np.arange(100, dtype=np.int64), keys, crcs, x)
+    store.add(*args)
+    first = (store.dir / "p0-000000.rows").read_bytes()
+    store.close()
+    RowStore(tmp_path, 5).add(*args)  # a replay of the window, or a warm hand-over's second group
+    assert (store.dir / "p0-000000.rows").read_bytes() == first
+    assert os.path.getsize(store.dir / "p0-000000.rows") == 100 * store.dtype.itemsize
+
+
+def test_features_of_another_shape_or_type_find_none_of_the_old_rows(tmp_path):
+    keys, crcs, x = _rows(1)
+    RowStore(tmp_path, 5).add(np.zeros(1, np.int64), np.zeros(1, np.int64), keys, crcs, x)
+    assert RowStore(tmp_path, 6).get(0, [0], keys) == [None]
+    assert RowStore(tmp_path, 5, np.dtype(np.float64)).get(0, [0], keys) == [None]
