@@ -6,8 +6,8 @@ and a fetch (~1.8 ms on two cores): at a 1.6 % fraud rate, more than learning th
 around it. The rank that learns an event's arrival already holds its features, so it writes them
 here as it decodes each window, and the report's lookup is a `pread` of one row.
 
-A cache, never the truth. A row is used only if it holds the offset asked for, the 64-bit key
-of the id the report names (join.py's `join_keys`) and the mark of a whole row; anything else
+A cache, never the truth. A row is used only if it holds the offset asked for, the id the
+report names (its bytes, or for a long id its 64-bit hash) and the mark of a whole row; anything else
 (never written, a dead-lettered event, another rank's partition before a resize, a file lost
 or torn) is a miss, and the event is re-read from Kafka as before. What a hit gives is what the
 re-read gives (the pipeline's features are per event, and the bytes are the same float32s), so
@@ -28,19 +28,40 @@ from pathlib import Path
 
 import numpy as np
 
+from streamlearn.ingest.join import join_keys
+
 ROWS_DIR = "feedback-rows"  # in the run directory, beside its checkpoints
 SEGMENT_BITS = 18  # offsets per file: 2^18 (32 MiB at 128-byte rows, sparse until written)
 MARK = 0x524F5753  # "ROWS": a whole row (a torn or never-written one reads as zeros)
 OPEN_FILES = 64  # file descriptors kept open per store; the oldest closed past this
+ID_BYTES = 32  # an event id's bytes in its row (a longer one is kept as its 64-bit hash)
 
 
 def row_dtype(width: int, features: np.dtype) -> np.dtype:
-    """One event's row: where it is, whose it is, its fingerprint and its features (in the
+    """One event's row: where it is, its fingerprint, whose it is and its features (in the
     pipeline's own dtype: a hit must give the bytes a re-read would), padded to a power of two."""
-    names = ["offset", "key", "crc", "mark", "x"]
-    formats = [np.dtype("<i8"), np.dtype("<u8"), np.dtype("<u4"), np.dtype("<u4"), (np.dtype(features), (width,))]
+    names = ["offset", "crc", "mark", "id", "x"]
+    formats = [np.dtype("<i8"), np.dtype("<u4"), np.dtype("<u4"), np.dtype(f"S{ID_BYTES}"),
+               (np.dtype(features), (width,))]
     size = np.dtype({"names": names, "formats": formats}).itemsize
     return np.dtype({"names": names, "formats": formats, "itemsize": 1 << (size - 1).bit_length()})
+
+
+def row_ids(ids: list[str]) -> np.ndarray:
+    """Event ids as the rows keep them: their bytes (an ASCII id up to ID_BYTES long, the usual
+    case, converted in one numpy call: ~0.1 us an id where hashing each took ~0.3), else "#" and
+    the id's 64-bit join key (join.py), which is the same for the id whatever the batch."""
+    try:  # one byte wider than kept: an id that fills it is too long
+        wide = np.array(ids, dtype=f"S{ID_BYTES + 1}")
+        out = wide.astype(f"S{ID_BYTES}")
+        if not len(ids) or not wide.view(np.uint8).reshape(len(ids), ID_BYTES + 1)[:, ID_BYTES].any():
+            return out
+    except UnicodeEncodeError:
+        out = np.empty(len(ids), f"S{ID_BYTES}")
+    for i, event_id in enumerate(ids):  # the rare long or non-ASCII id, one by one
+        raw = event_id.encode()
+        out[i] = raw if len(raw) <= ID_BYTES and raw.isascii() else b"#" + join_keys([event_id]).tobytes()
+    return out
 
 
 class RowStore:
@@ -53,10 +74,11 @@ class RowStore:
         self._files: dict[tuple[int, int], int] = {}  # (partition, segment) -> fd, oldest first
         self.hits = self.misses = 0
 
-    def add(self, partitions: np.ndarray, offsets: np.ndarray, keys: np.ndarray, crcs: np.ndarray,
+    def add(self, partitions: np.ndarray, offsets: np.ndarray, ids: np.ndarray, crcs: np.ndarray,
             x: np.ndarray) -> None:
-        """One window's learned events (any order of partitions, offsets ascending within each):
-        one write per partition and file, the gaps (dead-lettered events) written as misses."""
+        """One window's learned events (`row_ids` of their ids; partitions in any order, offsets
+        ascending within each): one write per partition and file, the gaps (dead-lettered events)
+        written as misses."""
         if not len(offsets):
             return
         for p in np.unique(partitions):
@@ -65,28 +87,28 @@ class RowStore:
             for seg in np.unique(segments):
                 rows = at[segments == seg]
                 lo, hi = int(offsets[rows[0]]), int(offsets[rows[-1]])
-                block = np.zeros(hi - lo + 1, self.dtype)
-                place = offsets[rows] - lo
+                block = np.zeros(hi - lo + 1, self.dtype)  # zeros: the padding's bytes are the same each time
+                place = slice(None) if len(rows) == len(block) else offsets[rows] - lo  # no gap: no index
                 block["offset"][place] = offsets[rows]
-                block["key"][place] = keys[rows]
                 block["crc"][place] = crcs[rows]
                 block["mark"][place] = MARK
+                block["id"][place] = ids[rows]
                 block["x"][place] = x[rows]
                 at_byte = (lo - (int(seg) << SEGMENT_BITS)) * self.dtype.itemsize
-                os.pwrite(self._fd(int(p), int(seg)), block.tobytes(), at_byte)
+                os.pwrite(self._fd(int(p), int(seg)), block.view(np.uint8), at_byte)
 
-    def get(self, p: int, offsets: list[int], keys: np.ndarray) -> list[tuple[np.ndarray, int] | None]:
+    def get(self, p: int, offsets: list[int], ids: np.ndarray) -> list[tuple[np.ndarray, int] | None]:
         """For each of partition p's `offsets`: (features, crc) if its row is here, whole, and of
-        the event whose id hashes to the matching entry of `keys`; else None."""
+        the event whose id is the matching entry of `ids` (`row_ids`); else None."""
         found: list[tuple[np.ndarray, int] | None] = []
         size = self.dtype.itemsize
-        for o, key in zip(offsets, keys.tolist(), strict=True):
+        for o, event_id in zip(offsets, ids.tolist(), strict=True):
             seg = o >> SEGMENT_BITS
             row = None
             if (p, seg) in self._files or (self.dir / _name(p, seg)).exists():
                 raw = os.pread(self._fd(p, seg), size, (o - (seg << SEGMENT_BITS)) * size)
                 row = np.frombuffer(raw, self.dtype)[0] if len(raw) == size else None
-            if row is not None and row["mark"] == MARK and row["offset"] == o and row["key"] == key:
+            if row is not None and row["mark"] == MARK and row["offset"] == o and row["id"] == event_id:
                 found.append((row["x"].copy(), int(row["crc"])))
                 self.hits += 1
             else:

@@ -13,10 +13,11 @@ waiting in the join state, and the labels topic has offsets of its own:
 (every learned event joined exactly one label, but those the pipeline learns with `unlabelled_as`
 once none came within the TTL: `defaulted`; the pending counts are in the checkpoint's meta).
 
-With delayed feedback (ingest/feedback.py) nothing waits: every valid event is learned at once
-with the silent answer (`defaulted`), and every report applied learns its event again:
+With delayed feedback (ingest/feedback.py) no event waits: every valid event is learned at once
+with the silent answer (`defaulted`), and every report applied learns its event again; a report
+read before its event was learned waits for it (pending labels):
     defaulted + (dead_lettered - labels_dead_lettered) == events consumed
-    (learned - defaulted) + labels_dead_lettered + ignored == reports consumed
+    (learned - defaulted) + labels_dead_lettered + ignored + pending labels == reports consumed
 """
 
 from __future__ import annotations

@@ -361,6 +361,8 @@ def _join_meta(pipeline: Pipeline, meta: dict, metrics: dict, lineage: Lineage, 
     meta["join"] = {"ttl_s": pipeline.labels.ttl_s, "max_pending": pipeline.labels.max_pending,
                     "pending": {side: sum(int(a[3]) for name, a in join.items() if name.endswith(f"/{side}.range"))
                                 for side in ("events", "labels")}}
+    # Delayed feedback's reports held until their events are learned (ingest/feedback.py) wait too.
+    meta["join"]["pending"]["labels"] += sum(len(a) for name, a in join.items() if name.endswith("/held.length"))
     metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
     if pipeline.labels.unlabelled_as is not None:  # learned with it: counted apart, never silent
         metrics["join"]["unlabelled"] = lineage.totals.defaulted

@@ -204,3 +204,34 @@ def test_delayed_feedback_refuses_a_contract_it_cannot_keep():
         DelayedFeedback(REPORT)
     with pytest.raises(ConfigError, match="correction"):
         DelayedFeedback(REPORT, unlabelled_as=0.0, correction="fnc")
+
+
+def _window(seq: int, ranges: dict, checkpoint: bool = False) -> Window:
+    return Window(seq, ranges, checkpoint=checkpoint)
+
+
+def test_a_report_read_before_its_event_waits_for_the_window_that_learns_it(tmp_path):
+    # A run catching up reads the reports' backlog at the events' pace (windows.py), so a report
+    # may come in a window before the one that learns its event.
+    placed, topic = _events(7, 80)
+    e, value, p, o = next(x for x in placed if x[3] >= 20)
+    lookup = Topic(topic)
+    feedback = ReportFeedback(PIPELINE.labels, lookup, _stores(tmp_path))
+    first = {q: (0, 10) for q in topic}
+    batch = feedback.batch(PIPELINE, _window(0, first, checkpoint=True),
+                           decode_events(PIPELINE, [m for q in sorted(topic) for m in topic[q][:10]]),
+                           [_report(e, p, o, 0), _report(e, p, 10**6, 1)])
+    assert batch.size == 20 and [reason_code(r) for _, r in batch.bad_labels] == ["unknown_event"]  # past the end
+    assert feedback.pending == {"events": 0, "labels": 1} and batch.join_delta[f"p{p}/held.length"].size == 1
+
+    # Through a checkpoint: a resumed rank holds it still, and applies it with its event's window.
+    resumed = ReportFeedback(PIPELINE.labels, lookup, _stores(tmp_path))
+    resumed.restore(batch.join_delta, lambda q: True)
+    assert resumed.pending == {"events": 0, "labels": 1}
+    rest = {q: (10, len(topic[q])) for q in topic}
+    later = resumed.batch(PIPELINE, _window(1, rest), decode_events(PIPELINE, [m for q in sorted(topic)
+                                                                            for m in topic[q][10:]]), [])
+    events_learned = sum(len(topic[q]) - 10 for q in topic)
+    assert later.size == events_learned + 1 and later.targets.tolist()[-1] == 1.0 and not later.bad_labels
+    assert later.crcs.tolist()[-1] == zlib.crc32(value)
+    assert lookup.reads == 0 and resumed.pending["labels"] == 0  # from the row store, nothing held

@@ -8,19 +8,28 @@ import os
 
 import numpy as np
 
-from streamlearn.ingest.rowstore import MARK, SEGMENT_BITS, RowStore, row_dtype
+from streamlearn.ingest.rowstore import ID_BYTES, MARK, SEGMENT_BITS, RowStore, row_dtype, row_ids
 
 
 def _rows(n: int, width: int = 5, seed: int = 0):
     rng = np.random.default_rng(seed)
-    return (rng.integers(1, 2**63, n, dtype=np.uint64), rng.integers(0, 2**32, n, dtype=np.uint32),
+    return (row_ids([f"{seed}-{i}" for i in range(n)]), rng.integers(0, 2**32, n, dtype=np.uint32),
             rng.normal(size=(n, width)).astype(np.float32))
+
+
+def test_an_id_is_kept_as_its_bytes_or_if_long_or_not_ascii_as_its_hash_the_same_in_any_batch():
+    long_, other = "x" * (ID_BYTES + 1), "é-7"
+    alone = [row_ids([i])[0] for i in ("a-1", long_, other)]
+    assert row_ids(["a-1", long_, other]).tolist() == alone and alone[0] == b"a-1"
+    assert alone[1].startswith(b"#") and alone[1] != row_ids(["x" * (ID_BYTES + 2)])[0]
+    assert row_ids(["a-1", other]).tolist() == [alone[0], alone[2]]
+    assert row_ids([]).shape == (0,)
 
 
 def test_rows_are_a_power_of_two_so_none_straddles_a_page():
     for width in (1, 5, 43, 200):
         size = row_dtype(width, np.dtype(np.float32)).itemsize
-        assert size & (size - 1) == 0 and size >= 24 + 4 * width
+        assert size & (size - 1) == 0 and size >= 16 + ID_BYTES + 4 * width
 
 
 def test_rows_come_back_as_written_across_partitions_files_and_gaps(tmp_path):
@@ -33,8 +42,8 @@ def test_rows_come_back_as_written_across_partitions_files_and_gaps(tmp_path):
     for i, (p, o) in enumerate(zip(partitions.tolist(), offsets.tolist(), strict=True)):
         [(got, crc)] = store.get(p, [o], keys[i:i + 1])
         assert crc == crcs[i] and got.tobytes() == x[i].tobytes()  # the same bytes a re-read gives
-    assert store.get(0, [2, 5, 3 * edge], np.array([1, 1, 1], np.uint64)) == [None] * 3  # gap, unwritten, no file
-    assert store.get(0, [0], np.array([keys[0] + np.uint64(1)])) == [None]  # another event's id
+    assert store.get(0, [2, 5, 3 * edge], row_ids(["a", "b", "c"])) == [None] * 3  # gap, unwritten, no file
+    assert store.get(0, [0], keys[1:2]) == [None]  # another event's id
     assert store.get(1, [0], keys[:1]) == [None]
     assert sorted(f.name for f in store.dir.iterdir()) == ["p0-000000.rows", "p0-000001.rows", "p1-000000.rows"]
     assert store.hits == 8 and store.misses == 5
@@ -46,9 +55,9 @@ def test_a_torn_or_zeroed_row_is_a_miss(tmp_path):
     store.add(np.zeros(3, np.int64), np.arange(3, dtype=np.int64), keys, crcs, x)
     size = store.dtype.itemsize
     path = store.dir / "p0-000000.rows"
-    with open(path, "r+b") as f:  # row 1 lost its second half (the mark), row 2 is all zeros
-        f.seek(size + 16)
-        f.write(b"\0" * (size - 16))
+    with open(path, "r+b") as f:  # row 1 lost all but its offset (the mark too), row 2 is all zeros
+        f.seek(size + 8)
+        f.write(b"\0" * (size - 8))
         f.seek(2 * size)
         f.write(b"\0" * size)
     assert np.frombuffer(path.read_bytes()[:size], store.dtype)[0]["mark"] == MARK
