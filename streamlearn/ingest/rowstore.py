@@ -24,6 +24,7 @@ are all below the topic's oldest is deleted (`prune`).
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,8 @@ SEGMENT_BITS = 18  # offsets per file: 2^18 (32 MiB at 128-byte rows, sparse unt
 MARK = 0x524F5753  # "ROWS": a whole row (a torn or never-written one reads as zeros)
 OPEN_FILES = 64  # file descriptors kept open per store; the oldest closed past this
 ID_BYTES = 32  # an event id's bytes in its row (a longer one is kept as its 64-bit hash)
+HEAD = struct.Struct("<q4xI")  # a row's offset and mark (its crc between them)
+ID_AT, X_AT = 16, 16 + ID_BYTES  # where a row's id and features start (row_dtype's layout)
 
 
 def row_dtype(width: int, features: np.dtype) -> np.dtype:
@@ -69,6 +72,7 @@ class RowStore:
 
     def __init__(self, directory: Path, width: int, features: np.dtype = np.dtype(np.float32)):
         self.dtype = row_dtype(width, features)
+        self.x_dtype = np.dtype((np.dtype(features), (width,)))
         # A pipeline whose features change shape or type finds none of the old rows.
         self.dir = Path(directory) / f"{np.dtype(features).str.strip('<>|=')}x{width}"
         self._files: dict[tuple[int, int], int] = {}  # (partition, segment) -> fd, oldest first
@@ -104,12 +108,14 @@ class RowStore:
         size = self.dtype.itemsize
         for o, event_id in zip(offsets, ids.tolist(), strict=True):
             seg = o >> SEGMENT_BITS
-            row = None
+            raw = b""
             if (p, seg) in self._files or (self.dir / _name(p, seg)).exists():
                 raw = os.pread(self._fd(p, seg), size, (o - (seg << SEGMENT_BITS)) * size)
-                row = np.frombuffer(raw, self.dtype)[0] if len(raw) == size else None
-            if row is not None and row["mark"] == MARK and row["offset"] == o and row["id"] == event_id:
-                found.append((row["x"].copy(), int(row["crc"])))
+            # The head read as plain bytes: a numpy record's fields cost ~3 us each to reach.
+            if len(raw) == size and HEAD.unpack_from(raw) == (o, MARK) and \
+                    raw[ID_AT:ID_AT + ID_BYTES].rstrip(b"\0") == event_id:
+                found.append((np.frombuffer(raw, self.x_dtype, offset=X_AT, count=1)[0].copy(),
+                              int.from_bytes(raw[8:12], "little")))
                 self.hits += 1
             else:
                 found.append(None)
