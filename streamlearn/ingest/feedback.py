@@ -153,7 +153,13 @@ class ReportFeedback:
         for p, (_, end) in window.ranges.items():
             self.learned_to[p] = max(end, self.learned_to.get(p, 0))
         if self.rows is not None:  # before the reports: one may name an event of this very window
-            self._keep(events)
+            try:
+                self._keep(events)
+            except OSError as e:  # a full or failing disk: go on re-reading events, never stop learning
+                log("feedback_rows_off", error=f"{type(e).__name__}: {e}", found=self.rows.hits,
+                    re_read=self.rows.misses)
+                self.rows.close()
+                self.rows = None
         label_messages = self._due() + list(label_messages)
         values = [m.value() for m in label_messages]
         found, kept, bad = spec.schema.decode_columns(values)

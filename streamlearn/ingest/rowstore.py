@@ -110,7 +110,10 @@ class RowStore:
             seg = o >> SEGMENT_BITS
             raw = b""
             if (p, seg) in self._files or (self.dir / _name(p, seg)).exists():
-                raw = os.pread(self._fd(p, seg), size, (o - (seg << SEGMENT_BITS)) * size)
+                try:
+                    raw = os.pread(self._fd(p, seg), size, (o - (seg << SEGMENT_BITS)) * size)
+                except OSError:  # an unreadable file is a miss: the event is re-read from Kafka
+                    raw = b""
             # The head read as plain bytes: a numpy record's fields cost ~3 us each to reach.
             if len(raw) == size and HEAD.unpack_from(raw) == (o, MARK) and \
                     raw[ID_AT:ID_AT + ID_BYTES].rstrip(b"\0") == event_id:

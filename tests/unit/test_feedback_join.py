@@ -235,3 +235,14 @@ def test_a_report_read_before_its_event_waits_for_the_window_that_learns_it(tmp_
     assert later.size == events_learned + 1 and later.targets.tolist()[-1] == 1.0 and not later.bad_labels
     assert later.crcs.tolist()[-1] == zlib.crc32(value)
     assert lookup.reads == 0 and resumed.pending["labels"] == 0  # from the row store, nothing held
+
+
+def test_a_store_that_cannot_be_written_is_given_up_and_every_report_re_reads(tmp_path):
+    placed, topic = _events(8, 40)
+    (tmp_path / "rows").write_text("a file where the store's directory should be")  # writes fail
+    lookup = Topic(topic)
+    feedback = ReportFeedback(PIPELINE.labels, lookup, RowStore(tmp_path / "rows", feature_width(PIPELINE)))
+    e, value, p, o = placed[5]
+    first = _batch(feedback, [m for q in sorted(topic) for m in topic[q]], [_report(e, p, o, 0)])
+    assert first.size == 41 and feedback.rows is None and lookup.reads == 1
+    assert first.crcs.tolist()[-1] == zlib.crc32(value)
