@@ -216,6 +216,8 @@ class ReportFeedback:
         key = self.spec.key
         ids = row_ids([e[key] for e in events.events])
         self.rows.add(partitions[kept], offsets[kept], ids, events.crcs, events.x)
+        for p in np.unique(partitions).tolist():  # retention, asked once a minute: files below it go
+            self._bounds(p, fresh=False)
 
     def _apply(self, pipeline: Pipeline, p: int, reports: list[tuple[int, int]], ids: list[str]):
         """Partition p's reports, in order: find their events (the row store, else a re-read) and

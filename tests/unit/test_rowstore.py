@@ -95,3 +95,21 @@ def test_features_of_another_shape_or_type_find_none_of_the_old_rows(tmp_path):
     RowStore(tmp_path, 5).add(np.zeros(1, np.int64), np.zeros(1, np.int64), keys, crcs, x)
     assert RowStore(tmp_path, 6).get(0, [0], keys) == [None]
     assert RowStore(tmp_path, 5, np.dtype(np.float64)).get(0, [0], keys) == [None]
+
+
+def test_a_partition_with_no_reports_still_loses_its_files_below_retention(tmp_path):
+    from streamlearn.ingest.decode import feature_width
+    from streamlearn.ingest.feedback import ReportFeedback
+    from streamlearn.pipeline import load_pipeline
+
+    from .test_feedback_join import Topic, _batch, _events
+
+    pipeline = load_pipeline("fraud_chargebacks")
+    _, topic = _events(9, 40)
+    store = RowStore(tmp_path, feature_width(pipeline))
+    stale = store.dir / f"p0-{0:06d}.rows"
+    feedback = ReportFeedback(pipeline.labels, Topic(topic, low={0: 2 << SEGMENT_BITS}), store)
+    store.dir.mkdir(parents=True)
+    stale.write_bytes(b"\0" * 64)  # rows of offsets the topic no longer has
+    _batch(feedback, [m for q in sorted(topic) for m in topic[q]], [])  # no report at all
+    assert not stale.exists() and (store.dir / "p1-000000.rows").exists()
