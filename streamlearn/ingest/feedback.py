@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from confluent_kafka import KafkaException
 
 from streamlearn.config import KafkaSettings
 from streamlearn.ingest.decode import Batch, Decoded, decode_events, feature_width, featurize
@@ -217,7 +218,11 @@ class ReportFeedback:
         ids = row_ids([e[key] for e in events.events])
         self.rows.add(partitions[kept], offsets[kept], ids, events.crcs, events.x)
         for p in np.unique(partitions).tolist():  # retention, asked once a minute: files below it go
-            self._bounds(p, fresh=False)
+            try:
+                self._bounds(p, fresh=False)
+            except KafkaException:  # the broker away: pruning can wait a minute, learning cannot
+                low, high, _ = self._marks.get(p, (0, 0, 0.0))
+                self._marks[p] = (low, high, time.monotonic())
 
     def _apply(self, pipeline: Pipeline, p: int, reports: list[tuple[int, int]], ids: list[str]):
         """Partition p's reports, in order: find their events (the row store, else a re-read) and

@@ -113,3 +113,26 @@ def test_a_partition_with_no_reports_still_loses_its_files_below_retention(tmp_p
     stale.write_bytes(b"\0" * 64)  # rows of offsets the topic no longer has
     _batch(feedback, [m for q in sorted(topic) for m in topic[q]], [])  # no report at all
     assert not stale.exists() and (store.dir / "p1-000000.rows").exists()
+
+
+def test_a_broker_that_cannot_say_where_the_topic_starts_only_delays_pruning(tmp_path):
+    from confluent_kafka import KafkaException
+
+    from streamlearn.ingest.decode import feature_width
+    from streamlearn.ingest.feedback import ReportFeedback
+    from streamlearn.pipeline import load_pipeline
+
+    from .test_feedback_join import Topic, _batch, _events
+
+    class Away(Topic):
+        def watermarks(self, partitions):
+            self.asked += len(partitions)
+            raise KafkaException("broker transport failure")
+
+    pipeline = load_pipeline("fraud_chargebacks")
+    _, topic = _events(10, 40)
+    lookup = Away(topic)
+    feedback = ReportFeedback(pipeline.labels, lookup, RowStore(tmp_path, feature_width(pipeline)))
+    for _ in range(3):  # the window is learned; the broker is asked once per partition, not per window
+        assert _batch(feedback, [m for q in sorted(topic) for m in topic[q]], []).size == 40
+    assert lookup.asked == 2
