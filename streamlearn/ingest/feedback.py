@@ -194,7 +194,7 @@ class ReportFeedback:
     def _ahead(self, p: int, o: int) -> bool:
         """Does this report name an event in the topic that this rank has not learned yet? (Not
         known where partition p starts for this rank, or past the topic's end: no, it is judged now.)"""
-        if o < self.learned_to.get(p, o + 1) or sum(map(len, self.held.values())) >= MAX_HELD:
+        if o < self.learned_to.get(p, o + 1) or self.pending["labels"] >= MAX_HELD:
             return False
         return o < self._marks.get(p, (0, 0, 0.0))[1] or o < self._bounds(p, fresh=True)[1]
 

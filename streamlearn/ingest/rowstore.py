@@ -36,8 +36,7 @@ SEGMENT_BITS = 18  # offsets per file: 2^18 (32 MiB at 128-byte rows, sparse unt
 MARK = 0x524F5753  # "ROWS": a whole row (a torn or never-written one reads as zeros)
 OPEN_FILES = 64  # file descriptors kept open per store; the oldest closed past this
 ID_BYTES = 32  # an event id's bytes in its row (a longer one is kept as its 64-bit hash)
-HEAD = struct.Struct("<q4xI")  # a row's offset and mark (its crc between them)
-ID_AT, X_AT = 16, 16 + ID_BYTES  # where a row's id and features start (row_dtype's layout)
+HEAD = struct.Struct("<q4xI")  # a row's offset and mark (its crc between them), as row_dtype lays them
 
 
 def row_dtype(width: int, features: np.dtype) -> np.dtype:
@@ -73,6 +72,7 @@ class RowStore:
     def __init__(self, directory: Path, width: int, features: np.dtype = np.dtype(np.float32)):
         self.dtype = row_dtype(width, features)
         self.x_dtype = np.dtype((np.dtype(features), (width,)))
+        self._id_at, self._x_at = self.dtype.fields["id"][1], self.dtype.fields["x"][1]
         # A pipeline whose features change shape or type finds none of the old rows.
         self.dir = Path(directory) / f"{np.dtype(features).str.strip('<>|=')}x{width}"
         self._files: dict[tuple[int, int], int] = {}  # (partition, segment) -> fd, oldest first
@@ -116,8 +116,8 @@ class RowStore:
                     raw = b""
             # The head read as plain bytes: a numpy record's fields cost ~3 us each to reach.
             if len(raw) == size and HEAD.unpack_from(raw) == (o, MARK) and \
-                    raw[ID_AT:ID_AT + ID_BYTES].rstrip(b"\0") == event_id:
-                found.append((np.frombuffer(raw, self.x_dtype, offset=X_AT, count=1)[0].copy(),
+                    raw[self._id_at:self._id_at + ID_BYTES].rstrip(b"\0") == event_id:
+                found.append((np.frombuffer(raw, self.x_dtype, offset=self._x_at, count=1)[0].copy(),
                               int.from_bytes(raw[8:12], "little")))
                 self.hits += 1
             else:
