@@ -12,7 +12,8 @@ import pytest
 
 from streamlearn.config import REPO_ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+# A benchmark script, not a guarantee: `make test-all` runs it, `make test` does not.
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(600)]
 
 
 def test_the_gpu_machine_script_runs_here_without_a_gpu(tmp_path):

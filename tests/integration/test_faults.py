@@ -31,7 +31,7 @@ from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
-from .test_training import INGESTS, assert_exactly_once, config, train_workers
+from .test_training import INGESTS, INGESTS_RAY_DATA_EXTENDED, assert_exactly_once, config, train_workers
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +165,7 @@ def assert_history_in_order(cfg: TrainConfig) -> None:
 # ---- a) Ray Train workers SIGKILLed twice, a stream pause, a resumed run ----------------
 
 @pytest.mark.timeout(900)  # three worker-group starts; each takes a minute or more on a loaded 2-core machine
-@INGESTS
+@INGESTS_RAY_DATA_EXTENDED
 def test_training_survives_two_worker_kills_a_pause_and_a_restart(kafka, kafka_settings, ray_cluster, topic,
                                                                    tmp_path, ingest):
     cfg = config(tmp_path, topic, ingest=ingest)
@@ -368,7 +368,7 @@ def wait_job(address: str, job_id: str, states: set[str], timeout: float) -> str
 
 
 @pytest.mark.timeout(900)
-@INGESTS
+@INGESTS_RAY_DATA_EXTENDED
 def test_stopped_job_resubmitted_resumes_from_its_checkpoint(kafka, kafka_settings, ray_cluster, topic, tmp_path,
                                                              ingest):
     from ray.job_submission import JobSubmissionClient

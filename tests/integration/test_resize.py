@@ -78,7 +78,10 @@ def train_through_a_burst(kafka, kafka_settings, cfg, policy: ScalingPolicy, *, 
         producer.join(timeout=60)
 
 
+# A policy decision (unit-tested in test_autoscale_policy.py); its exactly-once across resizes is
+# the warm-resize and autoscale tests': `make test-all` runs it, `make test` does not.
 @pytest.mark.timeout(600)
+@pytest.mark.extended
 def test_a_worker_that_does_not_pay_is_removed_and_not_added_again(kafka, kafka_settings, ray_cluster, topic,
                                                                    tmp_path):
     """A backlog far beyond what one worker drains on a pipeline whose steps hold a machine-wide
