@@ -67,8 +67,8 @@ class _OneAtATime(torch.nn.Module):
 
 
 class SharedBottleneck(load_pipeline("fraud").__class__):
-    """Fraud through a bottleneck a second worker cannot widen: batch 16 at 8 ms a step, ~2k
-    events/s for the whole machine."""
+    """Fraud through a bottleneck a second worker cannot widen: batch 16 at 8 ms a step, at most
+    2k events/s for the whole machine (~1k measured on a slow 2-core host: the step's own work)."""
 
     name = "fraud-shared-bottleneck"
 
