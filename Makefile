@@ -18,12 +18,13 @@ demo: setup
 	@$(VENV)/bin/streamlearn demo $(if $(filter-out 0,$(DURATION)),--duration $(DURATION)) $(if $(DEMO_HOME),--home $(DEMO_HOME))
 
 # CI runs `make test`: every guarantee, each fault in at least one ingest mode. `make test-all`
-# adds the tests marked `extended` (README, "Tests"), ~10 more minutes on 2 cores.
+# adds the tests marked `extended` (README's first screen), ~10 more minutes on 2 cores.
+SUITE := -m pytest -q -p no:cacheprovider --durations=25
 test: setup lint
-	@$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not extended" tests/unit tests/integration
+	@$(PY) $(SUITE) -m "not extended" tests/unit tests/integration
 
 test-all: setup lint
-	@$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/integration
+	@$(PY) $(SUITE) tests/unit tests/integration
 
 test-unit: setup
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit

@@ -35,6 +35,10 @@ from .test_training import INGESTS, INGESTS_RAY_DATA_EXTENDED, assert_exactly_on
 
 pytestmark = pytest.mark.integration
 
+# A scoring client's pause between requests: 20 a second still meet every second of a fault, and
+# the CPUs a loop without one took (scorer, proxy, client) slowed a broker's restart to minutes.
+PACE_S = 0.05
+
 EVENT = {"event_id": "e-1", "event_time": 1_700_000_000_000, "customer_id": "c-42", "amount": 125.5,
          "currency": "EUR", "merchant_category": "electronics", "merchant_country": "NL", "channel": "ecom",
          "card_present": False, "customer_age": 37, "account_tenure_days": 800, "is_fraud": False}
@@ -106,7 +110,7 @@ class Scoring(threading.Thread):
                 if transport_failure(first):
                     final = self._score(client)
                 self.results.append((t, first[0], final[0], final[1], first[2]))
-                self.stop.wait(0.05)  # 20 requests a second meet every second of a fault and leave the CPUs to it
+                self.stop.wait(PACE_S)
 
     @staticmethod
     def _score(client: httpx.Client) -> tuple:

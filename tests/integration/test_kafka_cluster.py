@@ -22,16 +22,10 @@ from streamlearn.kafka.broker import KafkaCluster, free_port
 from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers
 from streamlearn.train.trainer import run_dir
 
-from .test_faults import EVENT, Producing, Training, checkpoint_after, finish_training, recovery
+from .test_faults import EVENT, PACE_S, Producing, Training, checkpoint_after, finish_training, recovery
 from .test_training import assert_exactly_once, config
 
 pytestmark = pytest.mark.integration
-
-
-# A client's pause between requests: 20 a second still meet every second of the failover, and
-# the CPUs a request loop without one took (scorer, proxy, client) slowed each broker's restart
-# on 2 cores to minutes.
-PACE_S = 0.05
 
 
 class Scoring(threading.Thread):
