@@ -50,6 +50,9 @@ from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005
+# Ray's Train view gets a group's metrics about this often (and its first and last checkpoint's):
+# each report is a barrier across ranks, and our own checkpoints already carry every version's.
+REPORT_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,8 @@ class Worker:
             self.writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit,
                                            resumed_from=restored[4] if restored else None,
                                            whole_join=isinstance(self.pipeline.labels, DelayedFeedback))
-        self.reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None))
+        self.reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None),
+                                 every=round(REPORT_EVERY_S / cfg.checkpoint_every_s))
         log("worker_started", pipeline=self.pipeline.name, rank=rank, world=self.world,
             threads=torch.get_num_threads(), version=lineage.version, positions=lineage.positions,
             restore_s=round(time.monotonic() - restore_t, 2))

@@ -12,7 +12,7 @@ from streamlearn.config import TrainConfig
 from streamlearn.errors import CheckpointError
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.loop import _restore
-from streamlearn.train.writer import CheckpointWriter
+from streamlearn.train.writer import CheckpointWriter, Reporter
 
 
 def test_checkpoints_publish_in_order_and_commit_only_what_is_on_disk(tmp_path):
@@ -101,3 +101,22 @@ def test_the_meta_is_frozen_too(tmp_path):
     busy.set()
     writer.drain()
     assert ckpt.read_meta(ckpt.newest(tmp_path))["offsets"] == {"0": 100}
+
+
+def test_ray_gets_a_group_s_first_every_kth_and_last_checkpoint_metrics():
+    """Each `ray.train.report` is a barrier across ranks: a group reports one checkpoint in `every`,
+    and never leaves Ray's view without its first or its last."""
+    reported = []
+    reporter = Reporter(lambda metrics: reported.append(metrics["version"]), every=5)
+    for version in range(1, 13):
+        reporter.submit({"version": version})
+    reporter.close()
+    assert reported == [1, 5, 10, 12]
+
+    failing = []
+    reporter = Reporter(lambda metrics: failing.append(metrics["version"]), every=5)
+    for version in range(1, 4):
+        reporter.submit({"version": version})
+    reporter.close(wait=False)  # a failing worker must not wait on the other ranks' barrier
+    reporter._thread.join(5)
+    assert failing == [1]
