@@ -43,7 +43,10 @@ SECRETS = (PASSWORD, WRONG_PASSWORD, TOKEN)
 @pytest.fixture(scope="module")
 def secure_kafka(tmp_path_factory) -> EmbeddedKafka:
     security = BrokerSecurity(users={"trainer": SecretStr(PASSWORD)}, mechanism="SCRAM-SHA-512")
-    broker = EmbeddedKafka(port=0, data_dir=tmp_path_factory.mktemp("secure-kafka"), security=security)
+    # 180 s, not 90: a JVM took 27 s to its first log line on two busy cores here, and a CI run
+    # late in a loaded suite once errored in this fixture (its text was cut off; a slow start fits).
+    broker = EmbeddedKafka(port=0, data_dir=tmp_path_factory.mktemp("secure-kafka"), security=security,
+                           start_timeout_s=180.0)
     broker.start()
     yield broker
     broker.stop()
