@@ -50,8 +50,9 @@ from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005
-# Ray's Train view gets a group's metrics about this often (and its first and last checkpoint's):
-# each report is a barrier across ranks, and our own checkpoints already carry every version's.
+# Ray's Train view gets a group's first and last checkpoint's metrics and one checkpoint's in
+# round(this / checkpoint_every_s): this far apart at most (checkpoints by step count come sooner).
+# Each report is a barrier across ranks, and our own checkpoints already carry every version's.
 REPORT_EVERY_S = 10.0
 
 
