@@ -51,7 +51,7 @@ from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005
 # Ray's Train view gets a group's first and last checkpoint's metrics and one checkpoint's in
-# round(this / checkpoint_every_s): this far apart at most (checkpoints by step count come sooner).
+# this // checkpoint_every_s: this far apart at most (checkpoints by step count come sooner).
 # Each report is a barrier across ranks, and our own checkpoints already carry every version's.
 REPORT_EVERY_S = 10.0
 
@@ -196,7 +196,7 @@ class Worker:
                                            resumed_from=restored[4] if restored else None,
                                            whole_join=isinstance(self.pipeline.labels, DelayedFeedback))
         self.reporter = Reporter(lambda metrics: ray.train.report(metrics, checkpoint=None),
-                                 every=round(REPORT_EVERY_S / cfg.checkpoint_every_s))
+                                 every=int(REPORT_EVERY_S // cfg.checkpoint_every_s))
         log("worker_started", pipeline=self.pipeline.name, rank=rank, world=self.world,
             threads=torch.get_num_threads(), version=lineage.version, positions=lineage.positions,
             restore_s=round(time.monotonic() - restore_t, 2))
