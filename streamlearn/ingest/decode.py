@@ -39,6 +39,10 @@ class Batch:
     defaulted: int = 0
     ignored: int = 0
     join_delta: dict[str, np.ndarray] | None = None
+    # Delayed feedback: features of events whose attribution window ended unreported, read back
+    # for the quality signals (ingest/maturing.py), never learned; and how long ago they arrived.
+    matured: np.ndarray | None = None
+    matured_age_s: float | None = None
 
     @property
     def size(self) -> int:

@@ -48,6 +48,7 @@ from streamlearn.config import KafkaSettings
 from streamlearn.ingest.decode import Batch, Decoded, decode_events, feature_width, featurize
 from streamlearn.ingest.join import by_partition
 from streamlearn.ingest.labelled import LabelJoin
+from streamlearn.ingest.maturing import Maturing
 from streamlearn.ingest.reader import Message, RangeReader
 from streamlearn.ingest.rowstore import RowStore, row_ids
 from streamlearn.ingest.windows import Window
@@ -131,8 +132,13 @@ class ReportFeedback:
     reports held until their event is learned, and the rows of the events it learned (`rows`;
     None: every report's event is re-read)."""
 
-    def __init__(self, spec: DelayedFeedback, lookup: EventLookup, rows: RowStore | None = None):
+    def __init__(self, spec: DelayedFeedback, lookup: EventLookup, rows: RowStore | None = None,
+                 matured: bool = True):
         self.spec, self.lookup, self.rows = spec, lookup, rows
+        # The events that matured unreported, for the quality signals (maturing.py): read back
+        # from the row store, so none without one; `matured` False where nothing judges them.
+        self.maturing = Maturing(spec.ttl_s) if rows is not None and matured else None
+        self.clocks: dict[int, float] = {}  # event partition -> its newest learned event's Kafka time (s)
         self.reported: dict[int, set[int]] = {}  # event partition -> offsets whose report was applied
         # Event partition -> where its learned events end. A report for an event past it waits
         # (`held`) until a window learns that event: a run catching up reads the reports' backlog
@@ -160,7 +166,7 @@ class ReportFeedback:
                 log("feedback_rows_off", error=f"{type(e).__name__}: {e}", found=self.rows.hits,
                     re_read=self.rows.misses)
                 self.rows.close()
-                self.rows = None
+                self.rows = self.maturing = None
         label_messages = self._due() + list(label_messages)
         values = [m.value() for m in label_messages]
         found, kept, bad = spec.schema.decode_columns(values)
@@ -187,9 +193,11 @@ class ReportFeedback:
             refused += [(kept[row], reason) for row, reason in dead.items()]
         bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), values[i]), reason)
                       for i, reason in sorted(refused)]
+        matured = self.maturing.sample(self.rows, self.clocks, self.reported) if self.maturing else None
         return Batch(window, np.concatenate(x), np.concatenate(y), np.concatenate(crcs), events.dead,
                      bad_labels=bad_labels, defaulted=len(events.y), ignored=ignored,
-                     join_delta=self.delta() if window.checkpoint else None)
+                     join_delta=self.delta() if window.checkpoint else None, matured=matured,
+                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing else None)
 
     def _ahead(self, p: int, o: int) -> bool:
         """Does this report name an event in the topic that this rank has not learned yet? (Not
@@ -218,6 +226,11 @@ class ReportFeedback:
         ids = row_ids([e[key] for e in events.events])
         self.rows.add(partitions[kept], offsets[kept], ids, events.crcs, events.x)
         for p in np.unique(partitions).tolist():  # retention, asked once a minute: files below it go
+            if self.maturing is not None:  # where the partition's learned events end, and when
+                at = np.flatnonzero(partitions == p)
+                t = events.messages[at[-1]].timestamp()[1] / 1000.0
+                self.clocks[p] = max(t, self.clocks.get(p, t))
+                self.maturing.learned(p, int(offsets[at[0]]), int(offsets[at[-1]]) + 1, self.clocks[p])
             try:
                 self._bounds(p, fresh=False)
             except KafkaException:  # the broker away: pruning can wait a minute, learning cannot
@@ -296,7 +309,7 @@ class ReportFeedback:
             out[f"p{p}/held.place"] = np.array([(h.at, h.report, h.event) for h in held], np.int64).reshape(-1, 3)
             out[f"p{p}/held.length"] = np.array([len(h.raw) for h in held], np.int64)
             out[f"p{p}/held.bytes"] = np.frombuffer(b"".join(h.raw for h in held), np.uint8)
-        return out
+        return out | (self.maturing.state() if self.maturing else {})
 
     snapshot = delta
 
@@ -313,6 +326,8 @@ class ReportFeedback:
                 self.held[p] = [Held(event, at, report, raw[end - n:end]) for (at, report, event), n, end
                                 in zip(named["held.place"].tolist(), named["held.length"].tolist(), ends, strict=True)]
                 heapq.heapify(self.held[p])
+            if self.maturing is not None:
+                self.maturing.restore(p, named)
 
     def close(self) -> None:
         self.lookup.close()
@@ -343,13 +358,14 @@ def positions(messages: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_join(pipeline: Pipeline, settings: KafkaSettings, topic: str, group_id: str, partitions: int,
-              rows_dir: Path | None = None):
+              rows_dir: Path | None = None, matured: bool = True):
     """What a rank (or a Ray Data lane) joins its labels topic with: the join of labels that come
     within a TTL (LabelJoin), or delayed feedback's reports (ReportFeedback: events found in a row
-    store under `rows_dir`, the run's, else re-read from `topic`)."""
+    store under `rows_dir`, the run's, else re-read from `topic`; `matured`: whether its windows
+    carry matured negatives for the quality signals, maturing.py)."""
     spec = pipeline.labels
     if isinstance(spec, DelayedFeedback):
         x0 = np.asarray(featurize(pipeline, [], [], [])[0])
         rows = RowStore(rows_dir, x0.shape[1], x0.dtype) if rows_dir is not None else None
-        return ReportFeedback(spec, EventLookup(settings, topic, group_id), rows)
+        return ReportFeedback(spec, EventLookup(settings, topic, group_id), rows, matured)
     return LabelJoin(spec, feature_width(pipeline), partitions)

@@ -282,7 +282,10 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
            "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
-           "expired": batch.expired, "defaulted": batch.defaulted, "ignored": batch.ignored, "join": join}
+           "expired": batch.expired, "defaulted": batch.defaulted, "ignored": batch.ignored, "join": join,
+           # delayed feedback's matured negatives (maturing.py), same dtype and width as x
+           "matured": b"" if batch.matured is None else np.ascontiguousarray(batch.matured, x.dtype).tobytes(),
+           "matured_age_s": batch.matured_age_s}
     for prefix, dead in (("bad", batch.bad), ("bad_label", batch.bad_labels)):
         row.update({f"{prefix}_partition": [m.partition for m, _ in dead],
                     f"{prefix}_offset": [m.offset for m, _ in dead],
@@ -308,7 +311,7 @@ DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.larg
                      ("bad_label_partition", pa.list_(pa.int32())), ("bad_label_offset", pa.list_(pa.int64())),
                      ("bad_label_reason", pa.list_(pa.string())), ("bad_label_value", pa.list_(pa.binary())),
                      ("expired", pa.int64()), ("defaulted", pa.int64()), ("ignored", pa.int64()),
-                     ("join", pa.large_binary()),
+                     ("join", pa.large_binary()), ("matured", pa.large_binary()), ("matured_age_s", pa.float64()),
                      ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 

@@ -255,6 +255,7 @@ class RayDataStream:
         x0, y0 = self._empty
         xs, ys, crcs, bad, bad_labels, join = [x0], [y0], [np.empty(0, np.uint32)], [], [], None
         expired = defaulted = ignored = 0
+        matured, ages = [], []
         for r in rows:
             y = np.frombuffer(r["y"], dtype=r["y_dtype"])
             xs.append(np.frombuffer(r["x"], dtype=r["x_dtype"]).reshape(len(y), *x0.shape[1:]))
@@ -265,6 +266,10 @@ class RayDataStream:
             expired += r["expired"]
             defaulted += r["defaulted"]
             ignored += r["ignored"]
+            if r["matured"]:
+                matured.append(np.frombuffer(r["matured"], dtype=r["x_dtype"]).reshape(-1, *x0.shape[1:]))
+            if r["matured_age_s"] is not None:
+                ages.append(r["matured_age_s"])
             if (state := source.read_join_state(r)) is not None:  # a checkpoint window: each lane's state
                 join = {**(join or {}), **state}
             self.stats["read_s"] += r["read_s"]
@@ -273,7 +278,8 @@ class RayDataStream:
         # Copies: frombuffer views are read-only, and torch wants writable arrays.
         return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad,
                      bad_labels=bad_labels, expired=expired, defaulted=defaulted, ignored=ignored,
-                     join_delta=(join or {}) if window.checkpoint and self.label_topic is not None else None)
+                     join_delta=(join or {}) if window.checkpoint and self.label_topic is not None else None,
+                     matured=np.concatenate(matured) if matured else None, matured_age_s=max(ages, default=None))
 
     def ingest_stats(self) -> dict:
         """Since the last checkpoint, for its metrics and `streamlearn status`: the Ray Data stage's

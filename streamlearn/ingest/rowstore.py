@@ -105,18 +105,9 @@ class RowStore:
         """For each of partition p's `offsets`: (features, crc) if its row is here, whole, and of
         the event whose id is the matching entry of `ids` (`row_ids`); else None."""
         found: list[tuple[np.ndarray, int] | None] = []
-        size = self.dtype.itemsize
         for o, event_id in zip(offsets, ids.tolist(), strict=True):
-            seg = o >> SEGMENT_BITS
-            raw = b""
-            if (p, seg) in self._files or (self.dir / _name(p, seg)).exists():
-                try:
-                    raw = os.pread(self._fd(p, seg), size, (o - (seg << SEGMENT_BITS)) * size)
-                except OSError:  # an unreadable file is a miss: the event is re-read from Kafka
-                    raw = b""
-            # The head read as plain bytes: a numpy record's fields cost ~3 us each to reach.
-            if len(raw) == size and HEAD.unpack_from(raw) == (o, MARK) and \
-                    raw[self._id_at:self._id_at + ID_BYTES].rstrip(b"\0") == event_id:
+            raw = self._row(p, o)
+            if raw and raw[self._id_at:self._id_at + ID_BYTES].rstrip(b"\0") == event_id:
                 found.append((np.frombuffer(raw, self.x_dtype, offset=self._x_at, count=1)[0].copy(),
                               int.from_bytes(raw[8:12], "little")))
                 self.hits += 1
@@ -124,6 +115,24 @@ class RowStore:
                 found.append(None)
                 self.misses += 1
         return found
+
+    def read(self, p: int, offsets: list[int]) -> list[np.ndarray | None]:
+        """The features of partition p's `offsets` whose rows are here and whole, whatever their
+        event (maturing.py samples the events learned, it does not look one up); None elsewhere."""
+        return [np.frombuffer(raw, self.x_dtype, offset=self._x_at, count=1)[0].copy() if raw else None
+                for raw in map(self._row, [p] * len(offsets), offsets)]
+
+    def _row(self, p: int, o: int) -> bytes:
+        """Offset o's row of partition p if it is whole and holds that offset; else b""."""
+        seg, size = o >> SEGMENT_BITS, self.dtype.itemsize
+        if (p, seg) not in self._files and not (self.dir / _name(p, seg)).exists():
+            return b""
+        try:
+            raw = os.pread(self._fd(p, seg), size, (o - (seg << SEGMENT_BITS)) * size)
+        except OSError:  # an unreadable file is a miss: the event is re-read from Kafka
+            return b""
+        # The head read as plain bytes: a numpy record's fields cost ~3 us each to reach.
+        return raw if len(raw) == size and HEAD.unpack_from(raw) == (o, MARK) else b""
 
     def prune(self, p: int, low: int) -> None:
         """Delete partition p's files whose every offset is below `low`, the topic's oldest."""
