@@ -315,6 +315,7 @@ class ScaleController:
                 "checkpoint": None if meta is None else {
                     "version": meta["version"], "written_at": meta.get("written_at"),
                     "online": meta.get("metrics", {}).get("online", {}),
+                    "matured": meta.get("metrics", {}).get("matured"),
                     "ingest": meta.get("metrics", {}).get("ingest", {}),
                     "join": meta.get("metrics", {}).get("join")},
                 "resizing": self.resizer.state(), "resizes": list(self.resizes)}

@@ -195,7 +195,17 @@ def draw_metric(ax: Axes, run: RunFiles, axis: _Axis) -> None:
     """AUC and logloss (classification, two scales) or MAE and RMSE (regression, one scale)."""
     if _rows_with(run.history, "auc") or _rows_with(run.history, "logloss"):
         auc, logloss = _rows_with(run.history, "auc"), _rows_with(run.history, "logloss")
-        ax.plot(axis(auc), [r["auc"] for r in auc], marker="o", markersize=3, color="tab:blue", label="AUC")
+        # Delayed feedback: the online figure counts unreported frauds as legitimate; the matured one
+        # is what the gate and the drift detectors judge on (ingest/maturing.py), and says how old.
+        matured = [r for r in run.history if isinstance((r.get("matured") or {}).get("auc"), float)]
+        ax.plot(axis(auc), [r["auc"] for r in auc], marker="o", markersize=3, color="tab:blue",
+                label="AUC (against fake negatives: not matured)" if "matured" in run.history[-1] else "AUC")
+        if matured:
+            age = matured[-1]["matured"].get("age_s")
+            ax.plot(axis(matured), [r["matured"]["auc"] for r in matured], marker="^", markersize=3,
+                    color="tab:purple", label="AUC on matured labels" + (
+                        f" (negatives {age / 86_400:.0f} days old)" if isinstance(age, float) else " (reports only)"))
+            ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
         ax.set_ylabel("AUC (online)")
         if logloss:
             right = ax.twinx()

@@ -101,6 +101,8 @@ def _training(snap: dict | None, now: float, problem: str | None, failure: dict 
         # With delayed feedback the trainer's own figure counts every unreported event as legitimate.
         table.add_row("online metric", _metric(cp.get("online")) + (
             "  (against fake negatives: every event legitimate until reported; not matured)" if feedback else ""))
+        if feedback:
+            table.add_row("matured metric", _matured(cp.get("matured")))
         if cp.get("ingest"):
             table.add_row("ingest", _ingest(cp["ingest"]))
         if feedback:
@@ -251,6 +253,23 @@ def _metric(online: Any) -> str:
     return "  ".join(parts) or "n/a"
 
 
+def _matured(matured: Any) -> str:
+    """Delayed feedback: the trainer's figure on matured labels only, what the gate and drift judge."""
+    if not isinstance(matured, dict) or not matured.get("window"):
+        return ("none yet: a report matures as it comes, a legitimate payment once its attribution "
+                "window (the pipeline's ttl_s, in event time) ends unreported")
+    auc = matured.get("auc")
+    age = matured.get("age_s")
+    return (f"AUC {auc:.4f}" if isinstance(auc, int | float) else "AUC n/a (one class so far)") + (
+        f"  (last {_int(matured['window'])} matured events, {_int(matured.get('positives'))} reported frauds; "
+        + (f"unreported ones arrived {_days(age)} before the stream's clock" if isinstance(age, int | float)
+           else "no event has outlived its attribution window yet: reports only") + ")")
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86_400:.1f} days" if seconds >= 86_400 else f"{seconds:.0f} s"
+
+
 def _served(row: dict | None, now: float) -> str:
     """The evaluator's figures: answers callers got, judged by their labels (all versions, then each)."""
     if not isinstance(row, dict):
@@ -266,8 +285,14 @@ def _served(row: dict | None, now: float) -> str:
                     if isinstance(s.get("auc"), float))
     expired = sum(n for k, n in (row.get("expired") or {}).items() if k.startswith("answers"))
     judged = f" ({_int(row['unlabelled'])} of them judged as unlabelled_as says)" if "unlabelled" in row else ""
+    matured = ""
+    if row.get("matured_only"):  # delayed feedback: which answers count, and what the cap left unjudged
+        capped = (row.get("expired") or {}).get("answers.cap", 0)
+        matured = ("; matured labels only: an answer counts once its report came or its attribution window "
+                   f"ended unreported{', ' + str(row['sample']) + ' of event ids sampled' if 'sample' in row else ''}"
+                   + (f"; {_int(capped)} left unjudged by the join's cap (lower --sample)" if capped else ""))
     return (f"{head or 'n/a'} (last {_int(overall['window'])} answers{'; ' + per if per else ''}), "
-            f"{_int(row.get('joined'))} joined, {_int(expired)} answers never labelled{judged}, "
+            f"{_int(row.get('joined'))} joined, {_int(expired)} answers never labelled{judged}{matured}, "
             f"{_age(now, row.get('t'))} ago")
 
 

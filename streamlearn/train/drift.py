@@ -107,18 +107,29 @@ class DriftMonitor:
 
     def update(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray) -> list[Alarm]:
         """One training step's events, scored before the step. Returns the alarms they raised."""
-        if len(scores) == 0:
-            return []
-        self.events += len(scores)
-        scores, inputs = scores.astype(np.float64), features[:, self.columns]
+        return self.watch_inputs(features) + self.judge(scores, targets, features)
+
+    def watch_inputs(self, features: np.ndarray) -> list[Alarm]:
+        """The detectors that need no label: each watched column's mean over INPUT_EVENTS events."""
+        self.events += len(features)
+        inputs = features[:, self.columns]
         self._input_sums += inputs.sum(axis=0, dtype=np.float64)
         self._input_n += len(inputs)
-        alarms = []
-        if self._input_n >= INPUT_EVENTS:
-            alarms += self._observe("input", (self._input_sums / self._input_n).tolist(), only_rise=False)
-            self._input_sums[:], self._input_n = 0.0, 0
+        if self._input_n < INPUT_EVENTS:
+            return []
+        alarms = self._observe("input", (self._input_sums / self._input_n).tolist(), only_rise=False)
+        self._input_sums[:], self._input_n = 0.0, 0
+        return alarms
+
+    def judge(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray) -> list[Alarm]:
+        """The detectors that need labels (final ones: with delayed feedback, Watch gives them
+        matured rows only): how wrong the model was, and what fraud looks like."""
+        if len(scores) == 0:
+            return []
+        scores, inputs = scores.astype(np.float64), features[:, self.columns]
         if not self.classification:
-            return alarms + self._feed("error", float(np.abs(scores - targets).mean()), only_rise=True)
+            return self._feed("error", float(np.abs(scores - targets).mean()), only_rise=True)
+        alarms = []
         positive = targets > 0.5
         negatives = np.sort(scores[~positive])
         if len(negatives):
@@ -153,23 +164,64 @@ class DriftMonitor:
 
 class Watch(SlidingWindow):
     """What a rank keeps of each step's scored events: the prequential window (every rank) and,
-    on rank 0, the drift monitor fed with the same events; alarms wait for the next checkpoint's
-    history row after `on_alarm` has logged and counted them."""
+    on rank 0, the drift monitor and the gate's evidence fed with the same events; alarms wait for
+    the next checkpoint's history row after `on_alarm` has logged and counted them.
+
+    With delayed feedback (`silent`: the pipeline's silent answer) a step's rows of the silent
+    answer are fake negatives, so the signals that use labels judge matured rows only: the
+    window's reports, held from its steps, with the events that matured unreported in it
+    (`observe_matured`, once a window), kept in `matured` for their own metric. The prequential
+    window and the input detectors see every row, as without."""
 
     def __init__(self, size: int, drift: DriftMonitor | None = None, on_alarm: Callable[[Alarm], None] | None = None,
-                 evidence: EvidenceSampler | None = None):
+                 evidence: EvidenceSampler | None = None, silent: float | None = None):
         super().__init__(size)
-        self.drift, self.on_alarm, self.evidence = drift, on_alarm, evidence
+        self.drift, self.on_alarm, self.evidence, self.silent = drift, on_alarm, evidence, silent
+        self.matured = SlidingWindow(size) if silent is not None else None
+        self.matured_age_s: float | None = None
+        self._held: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # this window's reports
         self._alarms: list[Alarm] = []
 
     def observe(self, scores: np.ndarray, targets: np.ndarray, features: Callable[[], np.ndarray]) -> None:
         """`features` is called only where drift is watched or evidence kept: other ranks skip the copy."""
         self.add(scores, targets)
+        if self.silent is not None:
+            self._hold(scores, targets, features)
+            return
         if self.evidence is not None:
             self.evidence.add(scores, targets, features)
-        if self.drift is None:
+        if self.drift is not None:
+            self._raise(self.drift.update(scores, targets, features()))
+
+    def _hold(self, scores: np.ndarray, targets: np.ndarray, features: Callable[[], np.ndarray]) -> None:
+        final = targets != self.silent  # a report: its label is final as it comes
+        x = features()
+        if self.drift is not None:
+            self._raise(self.drift.watch_inputs(x))
+        if final.any():
+            self._held.append((scores[final], targets[final], x[final]))
+
+    def observe_matured(self, scores: np.ndarray | None, features: np.ndarray | None,
+                        age_s: float | None = None) -> None:
+        """Delayed feedback, once a window: its reports with the events that matured unreported in
+        it (`scores`, `features`; None if none did), judged together. `age_s`: how long before the
+        partitions' clocks the newest of those events arrived."""
+        if age_s is not None:
+            self.matured_age_s = age_s
+        if scores is not None and len(scores):
+            self._held.append((scores, np.full(len(scores), self.silent, np.float32), features))
+        held, self._held = self._held, []
+        if not held:
             return
-        for alarm in self.drift.update(scores, targets, features()):
+        scores, targets, x = (np.concatenate([h[i] for h in held]) for i in range(3))
+        self.matured.add(scores, targets)
+        if self.evidence is not None:
+            self.evidence.add(scores, targets, lambda: x)
+        if self.drift is not None:
+            self._raise(self.drift.judge(scores, targets, x))
+
+    def _raise(self, alarms: list[Alarm]) -> None:
+        for alarm in alarms:
             self._alarms.append(alarm)
             if self.on_alarm:
                 self.on_alarm(alarm)

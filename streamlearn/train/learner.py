@@ -72,6 +72,24 @@ class Learner:
                 average(self.model, self.optimizer, batch.size / sum(sizes))
         return steps, loss_sum, learned_fp
 
+    def judge_matured(self, features: np.ndarray | None, age_s: float | None) -> None:
+        """Delayed feedback, rank 0, after each window: score the events that matured unreported in it
+        (never learned: ingest/maturing.py) and hand them with the window's reports to the
+        signals that judge on matured labels (drift.Watch)."""
+        scores = None
+        if features is not None and len(features):
+            # The module itself, not DDP's wrapper, whose forward may sync buffers with ranks that
+            # are not scoring; in eval mode, as the scorer uses it, and back.
+            module = getattr(self.model, "module", self.model)
+            training = module.training
+            with torch.no_grad(), self.phases("matured", events=len(features)):
+                module.eval()
+                try:
+                    scores = self.pipeline.score(module(torch.from_numpy(features).to(self.device))).cpu().numpy()
+                finally:
+                    module.train(training)
+        self.recent.observe_matured(scores, features, age_s)
+
     def steps(self, window: Shuffled) -> tuple[float, int]:
         """Step s learns rows [ends[s-1], ends[s]) of the shuffled window."""
         model, optimizer, pipeline, phases = self.model, self.optimizer, self.pipeline, self.phases

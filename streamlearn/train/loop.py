@@ -161,7 +161,9 @@ class Worker:
         # On rank 0 the scored events also feed the drift monitor and the gate's evidence.
         drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
         evidence = EvidenceSampler(cfg.gate_evidence) if rank == 0 and cfg.gate_evidence else None
-        recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm), evidence)
+        # With delayed feedback those judge on matured labels only (drift.Watch, ingest/maturing.py).
+        silent = pipeline.labels.unlabelled_as if rank == 0 and isinstance(pipeline.labels, DelayedFeedback) else None
+        recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm), evidence, silent)
         learner = Learner(model, optimizer, pipeline, ray.train.torch.get_device(), recent, phases,
                           per_window=cfg.sync == "window")
         worker = cls(inputs, rank, world, pipeline, phases, startup, stream, learner)
@@ -224,6 +226,8 @@ class Worker:
         """Learn this rank's slice, dead-letter its bad events, and move the lineage past the window."""
         cfg, rank, phases = self.cfg, self.rank, self.phases
         steps, batch_loss, learned_fp = self.learner.learn(batch, sizes, cfg.batch_size, cfg.seed, rank)
+        if self.learner.recent.silent is not None:
+            self.learner.judge_matured(batch.matured, batch.matured_age_s)
         # What a window costs beyond reading and learning it: its plan and the collective carrying it.
         self.accrued.overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
         self.stream.dead_letter(batch)
@@ -274,6 +278,8 @@ class Worker:
         scores = np.concatenate([w[0] for w in windows])
         targets = np.concatenate([w[1] for w in windows])
         metrics["online"] = summarize(pipeline.task, scores, targets)
+        if recent.matured is not None:
+            metrics["matured"] = _matured(pipeline.task, recent)
         evidence = recent.take_evidence()
         metrics["ingest"] = self.stream.ingest_stats()
         if alarms := recent.take_alarms():
@@ -415,6 +421,16 @@ def _stream_class(cfg: TrainConfig, gen: int):
 
         return functools.partial(RayDataStream, gen=gen)
     return WorkerStream
+
+
+def _matured(task: str, recent: Watch) -> dict:
+    """Delayed feedback: rank 0's newest matured rows (reports, and a sample of the events that
+    matured unreported), scored by the model of their window. AUC only: the sample's fraud share
+    is not the stream's, so log loss and calibration on it would mislead."""
+    scores, targets = recent.matured.arrays()
+    summary = summarize(task, scores, targets)
+    return {"window": summary["window"], "positives": int((targets > 0.5).sum()), "auc": summary.get("auc"),
+            "age_s": None if recent.matured_age_s is None else round(recent.matured_age_s, 1)}
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:

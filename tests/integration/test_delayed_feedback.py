@@ -150,6 +150,13 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
     assert meta["metrics"]["ingest"]["mode"] == ingest
     last = json.loads((run_dir(cfg) / "history.jsonl").read_text().splitlines()[-1])
     assert last["join"]["reports"] == meta["want"]["applied"]  # shown with every checkpoint
+    # The signals that judge on matured labels (issue 45) saw rank 0's reports and no fake negative:
+    # nothing here outlives the 120-day attribution window, so every matured row is a report.
+    matured = last["matured"]
+    assert matured["positives"] > 0 and matured["window"] == matured["positives"] and matured["age_s"] is None
+    evidence = [ckpt.load_evidence(path) for _, path in ckpt.list_checkpoints(run_dir(cfg))]
+    assert any(e is not None for e in evidence)
+    assert all(e["targets"].min() == 1.0 for e in evidence if e is not None)  # the gate's: reports only
 
     # Resume on one worker: every partition's reported offsets move to rank 0, so a chargeback
     # sent again is refused there; the bad reports are dead-lettered with their reasons. The new

@@ -128,3 +128,19 @@ def test_served_quality_is_drawn_per_version_beside_the_trainers_own_figure(tmp_
     draw_served(ax, RunFiles.load(tmp_path / "amount"), _Axis(RunFiles.load(tmp_path / "amount")))
     assert "streamlearn evaluate" in ax.texts[0].get_text()  # no evaluator ran: says how to get one
     plt.close(fig)
+
+
+def test_delayed_feedbacks_matured_auc_is_drawn_beside_the_online_one_with_its_age(tmp_path):
+    from matplotlib.figure import Figure
+
+    from streamlearn.observe.report import draw_metric
+
+    recorded_run(tmp_path / "fraud")
+    run = RunFiles.load(tmp_path / "fraud")
+    for i, row in enumerate(run.history):  # reports only at first, then matured negatives 120 days old
+        row["matured"] = {"window": 900, "positives": 40, "auc": 0.8 + 0.001 * i,
+                          "age_s": 120 * 86_400.0 if i >= 10 else None}
+    ax = Figure().subplots()
+    draw_metric(ax, run, _Axis(run))
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["AUC (against fake negatives: not matured)", "AUC on matured labels (negatives 120 days old)"]

@@ -77,6 +77,18 @@ def test_status_says_delayed_feedbacks_online_metric_is_not_matured():
     assert "321 reports applied, 4 gave the silent answer" in flat, flat
     assert "against fake negatives: every event legitimate until reported; not matured" in flat, flat
     assert "not matured" not in " ".join(render_text(SNAPSHOT, MODEL, now=NOW).split())
+    assert "matured metric none yet" in flat, flat  # before any report or attribution window ended
+
+
+def test_status_shows_delayed_feedbacks_matured_metric_and_how_old_its_labels_are():
+    join = {"events": 0, "labels": 0, "reports": 321, "ignored": 4}
+    matured = {"window": 5000, "positives": 812, "auc": 0.9112, "age_s": 120.4 * 86_400}
+    snapshot = SNAPSHOT | {"checkpoint": {**SNAPSHOT["checkpoint"], "join": join, "matured": matured}}
+    flat = " ".join(render_text(snapshot, MODEL, now=NOW).split())
+    assert "matured metric AUC 0.9112 (last 5,000 matured events, 812 reported frauds; unreported ones " \
+           "arrived 120.4 days before the stream's clock)" in flat, flat
+    reports_only = snapshot | {"checkpoint": {**snapshot["checkpoint"], "matured": {**matured, "age_s": None}}}
+    assert "reports only" in " ".join(render_text(reports_only, MODEL, now=NOW).split())
 
 
 def test_status_without_any_source_says_unavailable_with_hints():
@@ -131,6 +143,11 @@ def test_status_shows_the_quality_of_what_was_served_or_how_to_measure_it():
             "joined, 7 answers never labelled, 3 s ago") in flat
     flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW, served={**served, "unlabelled": 5}).split())
     assert "7 answers never labelled (5 of them judged as unlabelled_as says), 3 s ago" in flat, flat
+    feedback = {**served, "unlabelled": 5, "matured_only": True, "sample": 0.05,
+                "expired": {"answers.ttl": 5, "answers.cap": 2}}
+    flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW, served=feedback).split())
+    assert ("matured labels only: an answer counts once its report came or its attribution window ended "
+            "unreported, 0.05 of event ids sampled; 2 left unjudged by the join's cap (lower --sample)") in flat, flat
     flat = " ".join(render_text(SNAPSHOT, MODEL, now=NOW).split())
     assert "served quality not measured: deploy the scorer with --scores-topic and run `streamlearn evaluate`" in flat
     waiting = {"t": NOW, "overall": {"window": 0}, "pending": {"answers": 42}}

@@ -1,0 +1,142 @@
+"""Delayed feedback's matured labels (issue 45): the quality signals judge a fraud once its report
+came and a legitimate payment once its attribution window ended unreported, never a fake negative.
+`Maturing` finds the second kind from marks of the windows learned and the rank's row store;
+`Watch` keeps the window's fake negatives away from the drift detectors' labelled signals and the
+gate's evidence. Through Kafka and Ray: tests/integration/test_delayed_feedback.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from streamlearn.ingest.decode import decode_events, feature_width
+from streamlearn.ingest.feedback import ReportFeedback
+from streamlearn.ingest.maturing import MARKS, SAMPLE, Maturing
+from streamlearn.ingest.rowstore import RowStore
+from streamlearn.ingest.windows import Window
+from streamlearn.loadgen.generator import BankingSimulator, encode_batch
+from streamlearn.loadgen.labels import encode_label
+from streamlearn.pipeline import load_pipeline
+from streamlearn.train.drift import DriftMonitor, Watch
+from streamlearn.train.evidence import EvidenceSampler
+
+from .test_feedback_join import Topic
+from .test_joined_stream import Msg
+
+PIPELINE = load_pipeline("fraud_chargebacks")
+TTL_S = 100.0
+
+
+def test_marks_stay_bounded_whatever_the_rate_and_events_mature_only_after_the_window():
+    maturing = Maturing(TTL_S)
+    spans = []
+    # 3 attribution windows of a window every 0.01 s: 30,000 windows of 10 events, each asking
+    for w in range(30_000):
+        maturing.learned(0, 10 * w, 10 * w + 10, t=w * 0.01)
+        start, end = maturing.due(0, clock=w * 0.01)
+        assert len(maturing.marks[0]) <= MARKS + 2
+        if end > start:
+            assert (end // 10 - 1) * 0.01 + TTL_S <= w * 0.01 + 1e-9  # nothing matures early ...
+            spans.append((start, end))
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # ... none twice
+    assert (w * 0.01 - TTL_S) - (end // 10) * 0.01 <= TTL_S / MARKS + 0.02  # ... nor much late
+
+
+class Rows:
+    def read(self, p, offsets):
+        return [np.array([p, o], np.float32) for o in offsets]
+
+
+def test_a_sample_spreads_over_every_partition_s_matured_offsets_and_skips_the_reported():
+    maturing = Maturing(TTL_S)
+    maturing.learned(0, 0, 10_000, t=0.0)
+    maturing.learned(1, 500, 1_500, t=0.0)
+    rows = maturing.sample(Rows(), {0: TTL_S, 1: TTL_S}, {0: set(range(0, 10_000, 2))}, size=100)
+    assert maturing.sample(Rows(), {0: TTL_S, 1: TTL_S}, {}) is None  # nothing new matured
+    by = {p: sorted(o for q, o in rows.astype(int).tolist() if q == p) for p in (0, 1)}
+    assert all(o % 2 for o in by[0]) and 35 <= len(by[0]) <= 91  # its share, less the reported
+    assert len(by[1]) == 10 and by[1][0] == 500 and by[1][-1] == 1_499  # spread end to end
+
+
+def _stream(n: int, per_second: int = 10):
+    """n events on two partitions, `per_second` of them a (Kafka) second, and where each went."""
+    events = BankingSimulator(11).events(n)
+    raw = encode_batch(events, with_label=False)
+    topic: dict[int, list[Msg]] = {0: [], 1: []}
+    placed = []
+    for i, (e, v) in enumerate(zip(events, raw, strict=True)):
+        p = i % 2
+        placed.append((e, p, len(topic[p]), i / per_second))
+        topic[p].append(Msg(p, len(topic[p]), v, int(1000 * i / per_second)))
+    return placed, topic
+
+
+def test_a_window_carries_the_events_that_matured_unreported_and_never_a_reported_one(tmp_path):
+    spec = dataclasses.replace(PIPELINE.labels, ttl_s=TTL_S)
+    placed, topic = _stream(6_000)  # 600 s: the first 500 s of events mature
+    lookup = Topic(topic)
+    feedback = ReportFeedback(spec, lookup, RowStore(tmp_path, feature_width(PIPELINE)))
+    reported = {(p, o) for _, p, o, t in placed if o % 7 == 0}
+    features = {}
+    matured, n = [], 0
+    for start in range(0, 6_000, 200):  # windows of 20 s
+        chunk = placed[start:start + 200]
+        messages = [topic[p][o] for p in (0, 1) for _, q, o, _ in chunk if q == p]
+        reports = [Msg(p, n + i, encode_label(e["event_id"], True, 0, at=(p, o)), 0)
+                   for i, (e, p, o, _) in enumerate(chunk) if (p, o) in reported]
+        n += len(reports)
+        batch = feedback.batch(PIPELINE, Window(0, {}), decode_events(PIPELINE, messages), reports)
+        features.update({x.tobytes(): (p, o, t) for x, (_, p, o, t) in
+                         zip(batch.features[:batch.defaulted], sorted(chunk, key=lambda c: (c[1], c[2])), strict=True)})
+        if batch.matured is not None:
+            assert len(batch.matured) <= SAMPLE + 2
+            clock = chunk[-1][3]
+            for x in batch.matured:
+                p, o, t = features[x.tobytes()]  # an event this rank learned ...
+                assert (p, o) not in reported  # ... never a reported one ...
+                assert t + TTL_S <= clock + 1e-9  # ... and only once its window ended
+                matured.append((p, o))
+            assert batch.matured_age_s >= TTL_S
+    assert len(matured) == len(set(matured))  # each event judged once
+    old_enough = {(p, o) for _, p, o, t in placed if t + TTL_S <= placed[-1][3] and (p, o) not in reported}
+    assert set(matured) <= old_enough  # 25 windows' worth matured, each with more than SAMPLE events:
+    assert len(matured) >= 0.8 * SAMPLE * 24  # a near-full sample of each (less the reported) ...
+    arrived = sorted(t for _, p, o, t in placed if (p, o) in set(matured))
+    assert arrived[0] < 10 and arrived[-1] > 480  # ... spread over all that matured
+    assert {p for p, _ in matured} == {0, 1}
+    assert not lookup.reads  # every report's event and every matured one came from the row store
+
+
+def test_a_restored_rank_goes_on_where_the_checkpoint_left_maturing(tmp_path):
+    spec = dataclasses.replace(PIPELINE.labels, ttl_s=TTL_S)
+    placed, topic = _stream(3_000)
+    first = ReportFeedback(spec, Topic(topic), RowStore(tmp_path, feature_width(PIPELINE)))
+    messages = [topic[p][o] for _, p, o, _ in placed[:2_000]]
+    messages.sort(key=lambda m: (m.partition(), m.offset()))
+    state = first.batch(PIPELINE, Window(0, {}, checkpoint=True), decode_events(PIPELINE, messages), []).join_delta
+    again = ReportFeedback(spec, Topic(topic), RowStore(tmp_path, feature_width(PIPELINE)))
+    again.restore(state, lambda p: True)
+    assert again.maturing.marks == first.maturing.marks and again.maturing.matured_to == first.maturing.matured_to
+    later = sorted((topic[p][o] for _, p, o, _ in placed[2_000:]), key=lambda m: (m.partition(), m.offset()))
+    batch = again.batch(PIPELINE, Window(1, {}), decode_events(PIPELINE, later), [])
+    assert batch.matured is not None and len(batch.matured) > 0  # not a whole attribution window's wait
+
+
+def test_with_delayed_feedback_the_labelled_signals_see_reports_and_matured_negatives_only():
+    drift = DriftMonitor("classification", {"x0": 0})
+    watch = Watch(1_000, drift, evidence=EvidenceSampler(1_000), silent=0.0)
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    targets = np.array([0, 0, 1, 0, 0, 0, 1, 0, 0, 0], np.float32)  # two reports among fake negatives
+    watch.observe(np.linspace(0, 1, 10), targets, lambda: x)
+    assert drift.events == 10  # every row feeds the input detectors
+    assert watch.evidence.take() is None  # nothing judged before the window's matured negatives
+    negatives = np.full((3, 2), 7.0, np.float32)
+    watch.observe_matured(np.array([0.1, 0.2, 0.3]), negatives, age_s=TTL_S)
+    evidence = watch.take_evidence()
+    assert evidence["targets"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert evidence["features"].tolist() == [x[2].tolist(), x[6].tolist()] + negatives.tolist()
+    assert len(watch.matured.arrays()[0]) == 5 and watch.matured_age_s == TTL_S
+    assert len(watch.arrays()[0]) == 10  # the prequential window keeps every row, as without
+    watch.observe_matured(None, None)  # a window with nothing matured and no report: nothing judged
+    assert watch.take_evidence() is None
