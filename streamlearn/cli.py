@@ -326,7 +326,11 @@ def evaluate(pipeline: str = TrainConfig.pipeline, bootstrap: str | None = BOOTS
                                          help="Seconds between rows of served.jsonl (and metric updates)."),
              lookback: float | None = typer.Option(None, help="Seconds of both topics re-read at start "
                                                                "(default: the label TTL, at most an hour)."),
-             duration: float | None = typer.Option(None, help="Stop after this many seconds (default: never).")):
+             duration: float | None = typer.Option(None, help="Stop after this many seconds (default: never)."),
+             sample: float = typer.Option(EvaluatorConfig.sample,
+                                          help="Share of event ids judged (delayed feedback: each answer waits its "
+                                               "attribution window, weeks; answers/s x window x share must fit the "
+                                               "join's cap).")):
     """Quality of what was served: the answers on <topic>.scores joined with their labels, per version.
     Run it as a Ray job (`ray job submit -- streamlearn evaluate ...`) for its Prometheus metrics."""
     import os
@@ -340,7 +344,7 @@ def evaluate(pipeline: str = TrainConfig.pipeline, bootstrap: str | None = BOOTS
         ray.init(address=os.environ["RAY_ADDRESS"], configure_logging=False, log_to_driver=False)
     name = TrainConfig(pipeline=pipeline, run_name=run_name).run_name
     cfg = EvaluatorConfig(topic=topic, run_dir=Path(checkpoint_dir).expanduser() / name, window=window,
-                          every_s=every, lookback_s=lookback)
+                          every_s=every, lookback_s=lookback, sample=sample)
     Evaluator(load_pipeline(pipeline), _kafka(bootstrap), cfg).run(duration)
 
 

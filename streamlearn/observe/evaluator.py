@@ -35,7 +35,7 @@ from streamlearn.kafka.broker import probe
 from streamlearn.logs import log
 from streamlearn.observe.config import EvaluatorConfig
 from streamlearn.observe.quality import ServedQuality
-from streamlearn.pipeline import Pipeline
+from streamlearn.pipeline import DelayedFeedback, Pipeline
 from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers, id_field
 
 # An inline label is on the topic when (or before) its event is scored: answers wait seconds, not
@@ -56,7 +56,8 @@ class Evaluator:
         self.label_schema = spec.schema if spec else pipeline.schema
         ttl = spec.ttl_s if spec else INLINE_TTL_S
         self.quality = ServedQuality(pipeline.task, cfg.window, ttl, cfg.max_pending,
-                                     unlabelled_as=spec.unlabelled_as if spec else None)
+                                     unlabelled_as=spec.unlabelled_as if spec else None,
+                                     matured_only=isinstance(spec, DelayedFeedback), sample=cfg.sample)
         self.lookback_s = cfg.lookback_s if cfg.lookback_s is not None else min(ttl, 3600.0)
         self.skipped: Counter[str] = Counter()  # unreadable messages, by topic side
         self.joined_since_row = 0
@@ -132,6 +133,8 @@ class Evaluator:
                "versions": {str(v): s for v, s in self.quality.summary(VERSIONS_SHOWN).items()},
                "joined": self.quality.joined_total, "joined_since": self.joined_since_row,
                **({"unlabelled": self.quality.unlabelled_total} if self.quality.unlabelled_as is not None else {}),
+               **({"matured_only": True} if self.quality.matured_only else {}),
+               **({"sample": self.cfg.sample} if self.cfg.sample < 1.0 else {}),
                "pending": {"answers": pending["events"], "labels": pending["labels"]},
                "expired": {("answers" if k.startswith("events.") else "labels") + k[k.index("."):]: n
                            for k, n in self.quality.join.expired.items()},

@@ -10,6 +10,13 @@ counts once, with its first answer. Where the pipeline learns silence as an answ
 (`JoinedLabels.unlabelled_as`: only frauds are ever reported), an answer with no label within the
 TTL is judged against that target too, as the trainer learned it; without it, it leaves unjudged.
 
+Delayed feedback (`matured_only`, issue 45): the TTL is the attribution window, weeks long, and an
+answer counts only once its label matured: its report came, or the TTL ended with none. An answer
+pushed out by the cap before then leaves unjudged (counted as `answers.cap`), never as a
+legitimate payment it may not be. What fits the cap over weeks is a share of the answers:
+`sample` keeps the answers, and the reports, of that share of event ids (by their join key, so
+both sides keep the same events).
+
 Besides each version's window, one window holds the newest answers of every version: versions
 follow each other every few seconds, so what an operator watches over time is that one; the
 per-version windows say which version did better. Only the newest `keep_versions` versions keep a
@@ -25,12 +32,16 @@ import numpy as np
 from streamlearn.ingest.join import Joined, JoinState, join_keys
 from streamlearn.prequential import SlidingWindow, summarize
 
+SAMPLE_SLOTS = 1 << 16  # the sample's grain: a share of event ids, in steps of 1/65,536
+
 
 class ServedQuality:
     def __init__(self, task: str, window: int = 5_000, ttl_s: float = 7 * 86_400.0, max_pending: int = 1_000_000,
-                 keep_versions: int = 20, unlabelled_as: float | None = None):
+                 keep_versions: int = 20, unlabelled_as: float | None = None, matured_only: bool = False,
+                 sample: float = 1.0):
         self.task, self.window, self.keep_versions = task, window, keep_versions
-        self.unlabelled_as = unlabelled_as
+        self.unlabelled_as, self.matured_only = unlabelled_as, matured_only
+        self._sample = np.uint64(round(sample * SAMPLE_SLOTS))  # join keys below this, mod the slots, are kept
         # An answer waits as an "event" whose two features are its score and its version.
         self.join = JoinState(2, ttl_s, max_pending)
         self.overall = SlidingWindow(window)
@@ -43,21 +54,31 @@ class ServedQuality:
         """Answers given at `t` (seconds, one or one per answer); returns how many met a waiting label."""
         keys = join_keys(ids)
         answers = np.column_stack([np.asarray(scores, np.float32), np.asarray(versions, np.float32)])
+        if self._sample < SAMPLE_SLOTS:
+            kept = self._kept(keys)
+            keys, answers = keys[kept], answers[kept]
         return self._record(self.join.add_events(keys, answers.reshape(len(keys), 2),
                                                  np.zeros(len(keys), np.uint32), t))
 
     def add_labels(self, ids: Iterable[str], targets: np.ndarray, t) -> int:
         """Labels that came at `t`; returns how many met a waiting answer."""
-        keys = join_keys(ids)
+        keys, targets = join_keys(ids), np.asarray(targets, np.float32)
+        if self._sample < SAMPLE_SLOTS:
+            kept = self._kept(keys)
+            keys, targets = keys[kept], targets[kept]
         n = len(keys)
-        return self._record(self.join.add_labels(keys, np.asarray(targets, np.float32), np.zeros(n, np.int32),
+        return self._record(self.join.add_labels(keys, targets, np.zeros(n, np.int32),
                                                  np.zeros(n, np.int64), t))
 
     def expire(self, now: float) -> dict[str, int]:
         """Drop answers and labels that waited past the TTL or the cap; the counts so far, by side and reason."""
-        for gone in self.join.expire(now)["events"]:  # as the trainer learned them, the cap's too
-            self._unlabelled(gone.rows["features"])
+        for gone in self.join.expire(now)["events"]:  # as the trainer learned them, the cap's too ...
+            if gone.reason == "ttl" or not self.matured_only:  # ... but for an answer whose label has not matured
+                self._unlabelled(gone.rows["features"])
         return dict(self.join.expired)
+
+    def _kept(self, keys: np.ndarray) -> np.ndarray:
+        return keys % np.uint64(SAMPLE_SLOTS) < self._sample
 
     def _record(self, joined: Joined) -> int:
         self._unlabelled(joined.late_events["features"])  # its label came after the TTL

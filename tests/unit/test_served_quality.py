@@ -111,3 +111,33 @@ def test_with_unlabelled_as_an_answer_never_labelled_is_judged_as_silence_says()
     cap.expire(now=1.0)  # five pushed out by the cap before their TTL: judged as the trainer learned them
     assert (cap.unlabelled_total, cap.expire(now=11.0)) == (5, {"events.cap": 5, "events.ttl": 5})
     assert cap.unlabelled_total == 10
+
+
+def test_with_delayed_feedback_an_answer_counts_only_once_its_label_matured_and_the_cap_leaves_it_unjudged():
+    """Delayed feedback (issue 45): the TTL is the attribution window. An answer pushed out by the
+    cap before it ended may still be a fraud whose report is weeks away: it leaves unjudged,
+    counted, not judged legitimate as a joined label's answer is."""
+    ids = [f"e{i}" for i in range(10)]
+    quality = ServedQuality("classification", ttl_s=10.0, max_pending=5, unlabelled_as=0.0, matured_only=True)
+    quality.add_answers(ids, np.full(10, 1), np.linspace(0, 1, 10), t=0.0)
+    quality.expire(now=1.0)
+    assert quality.unlabelled_total == 0 and quality.overall_summary()["window"] == 0  # the cap judges nothing
+    assert quality.add_labels(["e9"], np.ones(1), t=2.0) == 1  # a report: matured as it comes
+    assert quality.expire(now=11.0) == {"events.cap": 5, "events.ttl": 4}  # the window ended for four more
+    assert quality.unlabelled_total == 4 and quality.overall_summary()["window"] == 5
+
+
+def test_a_sample_of_event_ids_keeps_the_same_events_on_both_sides():
+    rng = np.random.default_rng(3)
+    ids = [f"evt-{i}" for i in range(20_000)]
+    truth = rng.random(20_000) < 0.05
+    quality = ServedQuality("classification", sample=0.1, unlabelled_as=0.0, matured_only=True, ttl_s=10.0)
+    quality.add_answers(ids, np.full(20_000, 2), np.where(truth, 0.9, 0.1), t=0.0)
+    kept = quality.join.pending["events"]
+    assert 1_700 < kept < 2_300  # a tenth of the answers wait ...
+    frauds = [i for i, t in zip(ids, truth, strict=True) if t]
+    joined = quality.add_labels(frauds, np.ones(len(frauds)), t=1.0)
+    assert 0.07 * len(frauds) < joined < 0.13 * len(frauds)  # ... and their reports, no other
+    assert quality.join.pending["labels"] == 0  # a report of an event outside the sample is not kept waiting
+    quality.expire(now=11.0)
+    assert quality.overall_summary()["auc"] == pytest.approx(1.0) and quality.overall_summary()["window"] == kept
