@@ -107,12 +107,20 @@ class DriftMonitor:
 
     def update(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray) -> list[Alarm]:
         """One training step's events, scored before the step. Returns the alarms they raised."""
-        return self.watch_inputs(features) + self.judge(scores, targets, features)
+        inputs = features[:, self.columns]  # once a step: the hot path's copy
+        return self._inputs(inputs) + self._judge(scores, targets, inputs)
 
     def watch_inputs(self, features: np.ndarray) -> list[Alarm]:
         """The detectors that need no label: each watched column's mean over INPUT_EVENTS events."""
-        self.events += len(features)
-        inputs = features[:, self.columns]
+        return self._inputs(features[:, self.columns])
+
+    def judge(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray) -> list[Alarm]:
+        """The detectors that need labels (final ones: with delayed feedback, Watch gives them
+        matured rows only): how wrong the model was, and what fraud looks like."""
+        return self._judge(scores, targets, features[:, self.columns])
+
+    def _inputs(self, inputs: np.ndarray) -> list[Alarm]:
+        self.events += len(inputs)
         self._input_sums += inputs.sum(axis=0, dtype=np.float64)
         self._input_n += len(inputs)
         if self._input_n < INPUT_EVENTS:
@@ -121,12 +129,10 @@ class DriftMonitor:
         self._input_sums[:], self._input_n = 0.0, 0
         return alarms
 
-    def judge(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray) -> list[Alarm]:
-        """The detectors that need labels (final ones: with delayed feedback, Watch gives them
-        matured rows only): how wrong the model was, and what fraud looks like."""
+    def _judge(self, scores: np.ndarray, targets: np.ndarray, inputs: np.ndarray) -> list[Alarm]:
         if len(scores) == 0:
             return []
-        scores, inputs = scores.astype(np.float64), features[:, self.columns]
+        scores = scores.astype(np.float64)
         if not self.classification:
             return self._feed("error", float(np.abs(scores - targets).mean()), only_rise=True)
         alarms = []
