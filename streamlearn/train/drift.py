@@ -174,10 +174,12 @@ class Watch(SlidingWindow):
     the next checkpoint's history row after `on_alarm` has logged and counted them.
 
     With delayed feedback (`silent`: the pipeline's silent answer) a step's rows of the silent
-    answer are fake negatives, so the signals that use labels judge matured rows only: the
-    window's reports, held from its steps, with the events that matured unreported in it
-    (`observe_matured`, once a window), kept in `matured` for their own metric. The prequential
-    window and the input detectors see every row, as without."""
+    answer are fake negatives, so the signals that use labels judge matured rows only, given
+    before each window is learned (`observe_matured`): its reports (final as they come) and the
+    events that matured unreported in it, scored together by one model, so neither class is
+    scored by a newer model than the other (load/bench/gate_feedback.py measured why). They are
+    also kept in `matured`, for their own metric. The prequential window and the input detectors
+    see every learned row, as without."""
 
     def __init__(self, size: int, drift: DriftMonitor | None = None, on_alarm: Callable[[Alarm], None] | None = None,
                  evidence: EvidenceSampler | None = None, silent: float | None = None):
@@ -185,46 +187,34 @@ class Watch(SlidingWindow):
         self.drift, self.on_alarm, self.evidence, self.silent = drift, on_alarm, evidence, silent
         self.matured = SlidingWindow(size) if silent is not None else None
         self.matured_age_s: float | None = None
-        self._held: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # this window's reports
         self._alarms: list[Alarm] = []
 
     def observe(self, scores: np.ndarray, targets: np.ndarray, features: Callable[[], np.ndarray]) -> None:
         """`features` is called only where drift is watched or evidence kept: other ranks skip the copy."""
         self.add(scores, targets)
-        if self.silent is not None:
-            self._hold(scores, targets, features)
+        if self.silent is not None:  # delayed feedback: labels judged in observe_matured
+            if self.drift is not None:
+                self._raise(self.drift.watch_inputs(features()))
             return
         if self.evidence is not None:
             self.evidence.add(scores, targets, features)
         if self.drift is not None:
             self._raise(self.drift.update(scores, targets, features()))
 
-    def _hold(self, scores: np.ndarray, targets: np.ndarray, features: Callable[[], np.ndarray]) -> None:
-        final = targets != self.silent  # a report: its label is final as it comes
-        x = features()
-        if self.drift is not None:
-            self._raise(self.drift.watch_inputs(x))
-        if final.any():
-            self._held.append((scores[final], targets[final], x[final]))
-
-    def observe_matured(self, scores: np.ndarray | None, features: np.ndarray | None,
+    def observe_matured(self, scores: np.ndarray, targets: np.ndarray, features: np.ndarray,
                         age_s: float | None = None) -> None:
-        """Delayed feedback, once a window: its reports with the events that matured unreported in
-        it (`scores`, `features`; None if none did), judged together. `age_s`: how long before the
-        partitions' clocks the newest of those events arrived."""
+        """Delayed feedback, before a window is learned: its matured rows, scored by the model as
+        it stands. `age_s`: how long before the partitions' clocks the newest events that matured
+        unreported arrived (None: none has yet)."""
         if age_s is not None:
             self.matured_age_s = age_s
-        if scores is not None and len(scores):
-            self._held.append((scores, np.full(len(scores), self.silent, np.float32), features))
-        held, self._held = self._held, []
-        if not held:
+        if not len(scores):
             return
-        scores, targets, x = (np.concatenate([h[i] for h in held]) for i in range(3))
         self.matured.add(scores, targets)
         if self.evidence is not None:
-            self.evidence.add(scores, targets, lambda: x)
+            self.evidence.add(scores, targets, lambda: features)
         if self.drift is not None:
-            self._raise(self.drift.judge(scores, targets, x))
+            self._raise(self.drift.judge(scores, targets, features))
 
     def _raise(self, alarms: list[Alarm]) -> None:
         for alarm in alarms:

@@ -72,12 +72,16 @@ class Learner:
                 average(self.model, self.optimizer, batch.size / sum(sizes))
         return steps, loss_sum, learned_fp
 
-    def judge_matured(self, features: np.ndarray | None, age_s: float | None) -> None:
-        """Delayed feedback, rank 0, after each window: score the events that matured unreported in it
-        (never learned: ingest/maturing.py) and hand them with the window's reports to the
-        signals that judge on matured labels (drift.Watch)."""
-        scores = None
-        if features is not None and len(features):
+    def judge_matured(self, batch: Batch) -> None:
+        """Delayed feedback, rank 0, before the window is learned: its reports and the events that
+        matured unreported in it (never learned: ingest/maturing.py), scored together by the model
+        as it stands, to the signals that judge on matured labels (drift.Watch)."""
+        reported = batch.targets != self.recent.silent  # a report's label is final as it comes
+        matured = batch.matured if batch.matured is not None else batch.features[:0]
+        features = np.concatenate([batch.features[reported], matured])
+        targets = np.r_[batch.targets[reported], np.full(len(matured), self.recent.silent, batch.targets.dtype)]
+        scores = np.empty(0, np.float32)
+        if len(features):
             # The module itself, not DDP's wrapper, whose forward may sync buffers with ranks that
             # are not scoring; in eval mode, as the scorer uses it, and back.
             module = getattr(self.model, "module", self.model)
@@ -88,7 +92,7 @@ class Learner:
                     scores = self.pipeline.score(module(torch.from_numpy(features).to(self.device))).cpu().numpy()
                 finally:
                     module.train(training)
-        self.recent.observe_matured(scores, features, age_s)
+        self.recent.observe_matured(scores, targets, features, batch.matured_age_s)
 
     def steps(self, window: Shuffled) -> tuple[float, int]:
         """Step s learns rows [ends[s-1], ends[s]) of the shuffled window."""

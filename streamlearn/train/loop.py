@@ -225,9 +225,9 @@ class Worker:
     def learn(self, window: Window, batch: Batch, sizes: list[int]) -> None:
         """Learn this rank's slice, dead-letter its bad events, and move the lineage past the window."""
         cfg, rank, phases = self.cfg, self.rank, self.phases
+        if self.learner.recent.silent is not None:  # delayed feedback, rank 0: before the window is learned
+            self.learner.judge_matured(batch)
         steps, batch_loss, learned_fp = self.learner.learn(batch, sizes, cfg.batch_size, cfg.seed, rank)
-        if self.learner.recent.silent is not None:
-            self.learner.judge_matured(batch.matured, batch.matured_age_s)
         # What a window costs beyond reading and learning it: its plan and the collective carrying it.
         self.accrued.overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
         self.stream.dead_letter(batch)

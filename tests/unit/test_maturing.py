@@ -128,15 +128,42 @@ def test_with_delayed_feedback_the_labelled_signals_see_reports_and_matured_nega
     watch = Watch(1_000, drift, evidence=EvidenceSampler(1_000), silent=0.0)
     x = np.arange(20, dtype=np.float32).reshape(10, 2)
     targets = np.array([0, 0, 1, 0, 0, 0, 1, 0, 0, 0], np.float32)  # two reports among fake negatives
-    watch.observe(np.linspace(0, 1, 10), targets, lambda: x)
-    assert drift.events == 10  # every row feeds the input detectors
-    assert watch.evidence.take() is None  # nothing judged before the window's matured negatives
-    negatives = np.full((3, 2), 7.0, np.float32)
-    watch.observe_matured(np.array([0.1, 0.2, 0.3]), negatives, age_s=TTL_S)
+    watch.observe(np.linspace(0, 1, 10), targets, lambda: x)  # a learned step
+    assert drift.events == 10  # every learned row feeds the input detectors ...
+    assert watch.take_evidence() is None and watch.matured.arrays()[0].size == 0  # ... none the labelled ones
+    assert len(watch.arrays()[0]) == 10  # the prequential window keeps every row, as without
+    matured = np.r_[x[[2, 6]], np.full((3, 2), 7.0, np.float32)]  # the reports and three matured negatives
+    watch.observe_matured(np.array([0.9, 0.8, 0.1, 0.2, 0.3]), np.array([1, 1, 0, 0, 0], np.float32), matured,
+                          age_s=TTL_S)
     evidence = watch.take_evidence()
     assert evidence["targets"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
-    assert evidence["features"].tolist() == [x[2].tolist(), x[6].tolist()] + negatives.tolist()
+    assert evidence["features"].tolist() == matured.tolist()
     assert len(watch.matured.arrays()[0]) == 5 and watch.matured_age_s == TTL_S
-    assert len(watch.arrays()[0]) == 10  # the prequential window keeps every row, as without
-    watch.observe_matured(None, None)  # a window with nothing matured and no report: nothing judged
-    assert watch.take_evidence() is None
+
+
+def test_a_window_s_reports_and_matured_negatives_are_scored_by_one_model_before_it_is_learned():
+    """Scored by one model, neither class by a newer one than the other: positives scored mid-window
+    and negatives after it held 3.4 % of good candidates (load/bench/gate_feedback.py)."""
+    import torch
+
+    from streamlearn.ingest.decode import Batch
+    from streamlearn.phases import Phases
+    from streamlearn.train.learner import Learner
+
+    torch.manual_seed(0)
+    model = PIPELINE.build_model()
+    watch = Watch(1_000, evidence=EvidenceSampler(1_000), silent=0.0)
+    learner = Learner(model, PIPELINE.make_optimizer(model.parameters()), PIPELINE, torch.device("cpu"), watch,
+                      Phases(0))
+    width = feature_width(PIPELINE)
+    x = np.random.default_rng(1).random((6, width)).astype(np.float32)
+    batch = Batch(Window(0, {0: (0, 4)}), x[:4], np.array([0, 1, 0, 1], np.float32), np.zeros(4, np.uint32), [],
+                  matured=x[4:], matured_age_s=TTL_S)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner.judge_matured(batch)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # scoring learns nothing
+    evidence = watch.take_evidence()
+    assert evidence["targets"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    with torch.no_grad():
+        want = PIPELINE.score(model(torch.from_numpy(np.r_[x[[1, 3]], x[4:]]))).numpy()
+    assert np.allclose(evidence["scores"], want) and evidence["features"].tolist() == np.r_[x[[1, 3]], x[4:]].tolist()
