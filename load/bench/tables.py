@@ -525,6 +525,29 @@ def gate(d: dict) -> str:
     return with_machine(lines, d)
 
 
+def gate_feedback(d: dict) -> str:
+    f, runs = d["figures"], d["runs"]
+    kinds = ("matured", "fake negatives")
+
+    def each(kind: str, group: str, key: str) -> str:
+        return " / ".join(pct(r[kind][group][key]) for r in runs)
+
+    rows = []
+    for kind in kinds:
+        label = "matured labels (now)" if kind == "matured" else "fake negatives (before)"
+        rows += [[f"{label}: good held", pct(f[kind]["good_held_share"]), each(kind, "good", "held_share"),
+                  f"≤ {GATE_GOOD_HELD_MAX * 100:g} %", met(f[kind]["good_held_share"] <= GATE_GOOD_HELD_MAX),
+                  pct(f[kind]["good_judged_share"])],
+                 [f"{label}: worse held", pct(f[kind]["worse_held_share"]), each(kind, "worse", "held_share"),
+                  f"≥ {GATE_WORSE_HELD_MIN * 100:g} %", met(f[kind]["worse_held_share"] >= GATE_WORSE_HELD_MIN),
+                  pct(f[kind]["worse_judged_share"])]]
+    lines = table(["evidence: candidates", "held (median)", "per run", "target", "", "judged"], rows, "lrrllr")
+    a = d["args"]
+    lines += ["", f"{a['runs']} runs of {a['candidates']} candidates, a checkpoint every {a['events']:,} events; "
+                  f"the good lineage's held-out AUC {num(f['held_out_auc'], '.4f')} (median)."]
+    return with_machine(lines, d)
+
+
 def delayed_feedback(d: dict) -> str:
     med, gap, t = d["medians"], d["auc_gap_to_oracle"], d["targets"]
     to_bound = d.get("auc_gap_to_bound", {})
@@ -597,7 +620,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "cpu_labels": cpu_labels, "cpu_roles": cpu_roles, "delayed_feedback": delayed_feedback, "drift": drift,
     "feedback_delay": feedback_delay, "feedback_ingest": feedback_ingest, "cpu_workers": cpu_workers,
     "ingest_rounds": ingest_rounds, "pacing": pacing,
-    "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "generator": generator,
+    "drift_cost": drift_cost, "faults": faults, "freshness": freshness, "gate": gate, "gate_feedback": gate_feedback,
+    "generator": generator,
     "gpu": gpu, "group_start": group_start, "ingest": ingest, "join": join, "kafka_clients": kafka_clients,
     "scaling": scaling, "scoring": scoring, "soak": soak, "warm_pool": warm_pool,
 }
