@@ -181,7 +181,8 @@ def run(seed: int, candidates: int, events: int, median_delay: int, ttl: int) ->
 def summarise(rows: list[dict], kind: str) -> dict:
     out = {}
     for group, mine in (("good", [r for r in rows[1:] if r["kind"] == "good"]),
-                        ("worse", [r for r in rows[1:] if r["kind"] != "good"])):
+                        ("worse", [r for r in rows[1:] if r["kind"] != "good"]),
+                        *((kind, [r for r in rows[1:] if r["kind"] == kind]) for kind in ("shuffled", "noisy"))):
         out[group] = {"candidates": len(mine), "held": sum(r[kind]["held"] for r in mine),
                       "held_share": sum(r[kind]["held"] for r in mine) / max(len(mine), 1),
                       "judged_share": sum(r[kind]["judged"] for r in mine) / max(len(mine), 1)}
