@@ -71,11 +71,11 @@ class Maturing:
             return None
         found = []
         for p, (start, end) in sorted(spans.items()):
-            want = int(np.ceil(size * (end - start) / total))
-            if end <= start or want <= 0:
+            if end <= start:
                 continue
+            want = min(int(np.ceil(size * (end - start) / total)), end - start)  # its share of the sample
             done = reported.get(p, ())
-            spread = np.unique(np.linspace(start, end - 1, min(want, end - start)).astype(np.int64))
+            spread = np.unique(np.linspace(start, end - 1, want).astype(np.int64))
             offsets = [o for o in spread.tolist() if o not in done]
             found += [x for x in rows.read(p, offsets) if x is not None]
         return np.stack(found) if found else None

@@ -54,18 +54,13 @@ class ServedQuality:
         """Answers given at `t` (seconds, one or one per answer); returns how many met a waiting label."""
         keys = join_keys(ids)
         answers = np.column_stack([np.asarray(scores, np.float32), np.asarray(versions, np.float32)])
-        if self._sample < SAMPLE_SLOTS:
-            kept = self._kept(keys)
-            keys, answers = keys[kept], answers[kept]
+        keys, answers = self._sampled(keys, answers)
         return self._record(self.join.add_events(keys, answers.reshape(len(keys), 2),
                                                  np.zeros(len(keys), np.uint32), t))
 
     def add_labels(self, ids: Iterable[str], targets: np.ndarray, t) -> int:
         """Labels that came at `t`; returns how many met a waiting answer."""
-        keys, targets = join_keys(ids), np.asarray(targets, np.float32)
-        if self._sample < SAMPLE_SLOTS:
-            kept = self._kept(keys)
-            keys, targets = keys[kept], targets[kept]
+        keys, targets = self._sampled(join_keys(ids), np.asarray(targets, np.float32))
         n = len(keys)
         return self._record(self.join.add_labels(keys, targets, np.zeros(n, np.int32),
                                                  np.zeros(n, np.int64), t))
@@ -77,8 +72,12 @@ class ServedQuality:
                 self._unlabelled(gone.rows["features"])
         return dict(self.join.expired)
 
-    def _kept(self, keys: np.ndarray) -> np.ndarray:
-        return keys % np.uint64(SAMPLE_SLOTS) < self._sample
+    def _sampled(self, keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys (and their rows) of the sampled share of event ids: the same ids on both sides."""
+        if self._sample >= SAMPLE_SLOTS:
+            return keys, rows
+        kept = keys % np.uint64(SAMPLE_SLOTS) < self._sample
+        return keys[kept], rows[kept]
 
     def _record(self, joined: Joined) -> int:
         self._unlabelled(joined.late_events["features"])  # its label came after the TTL
