@@ -141,3 +141,13 @@ def test_a_sample_of_event_ids_keeps_the_same_events_on_both_sides():
     assert quality.join.pending["labels"] == 0  # a report of an event outside the sample is not kept waiting
     quality.expire(now=11.0)
     assert quality.overall_summary()["auc"] == pytest.approx(1.0) and quality.overall_summary()["window"] == kept
+
+
+@pytest.mark.parametrize("sample", [0.0, -0.1, 1.5])
+def test_a_sample_outside_zero_to_one_is_refused_with_how_to_fix_it(sample):
+    from streamlearn.errors import ConfigError
+    from streamlearn.observe.config import EvaluatorConfig
+
+    with pytest.raises(ConfigError, match=r"share of event ids judged, in \(0, 1\].*one event in a hundred"):
+        EvaluatorConfig(sample=sample)
+    assert EvaluatorConfig(sample=0.01).sample == 0.01
