@@ -21,7 +21,7 @@ from streamlearn.schema import reason_code
 from streamlearn.train.trainer import run_dir, train
 
 from .streams import expected_learning, read_topic
-from .test_training import INGESTS, assert_exactly_once, config
+from .test_training import INGESTS_DIRECT_EXTENDED, assert_exactly_once, config
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ def read_dead_letters(settings: KafkaSettings, topic: str) -> list[tuple[bytes, 
     return out
 
 
-@INGESTS
+@INGESTS_DIRECT_EXTENDED
 def test_training_learns_every_valid_event_once_through_10k_malformed(kafka, kafka_settings, ray_cluster, topic,
                                                                        tmp_path, ingest):
     cfg = config(tmp_path, topic, until_idle_s=6.0, window_events=4000, checkpoint_every_steps=40, ingest=ingest)

@@ -31,7 +31,13 @@ from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.train.trainer import run_dir, train
 
-from .test_training import INGESTS, INGESTS_RAY_DATA_EXTENDED, assert_exactly_once, config, train_workers
+from .test_training import (
+    INGESTS_DIRECT_EXTENDED,
+    INGESTS_RAY_DATA_EXTENDED,
+    assert_exactly_once,
+    config,
+    train_workers,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -249,7 +255,7 @@ def kill_a_replica_and_wait_for_its_replacement(ray_cluster, app: str) -> tuple[
 
 
 @pytest.mark.timeout(900)
-@INGESTS
+@INGESTS_DIRECT_EXTENDED
 def test_scoring_and_training_through_a_replica_kill_and_a_broker_outage(ray_cluster, tmp_path, ingest):
     from ray import serve
 

@@ -1,8 +1,8 @@
 """Kafka as a bank runs it: three brokers (`streamlearn kafka up --brokers 3`), every topic on all
 three, min.insync.replicas 2. Training, dead-lettering and scoring with its answers published run
-while the broker leading most of the events' partitions is SIGKILLed and, once it is back, the
-other two are restarted one by one, as an operator's rolling restart does. Exactly once is then
-checked by an independent re-read of the events, the dead letters and the answers.
+while the broker leading most of the events' partitions is SIGKILLed and, once it is back, another
+is restarted with a controlled shutdown, as each step of an operator's rolling restart does.
+Exactly once is then checked by an independent re-read of the events, the dead letters and the answers.
 Recovery times print as `recovery <what>: <seconds>` (run with -s)."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def learning_from(directory, partitions: list[int], since: float, past: dict[int
 
 
 @pytest.mark.timeout(900)
-def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_rolling_restart(ray_cluster, tmp_path):
+def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlled_restart(ray_cluster, tmp_path):
     from ray import serve
 
     from streamlearn.serve.app import deploy
@@ -143,10 +143,12 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_rolling_r
                 resumed_at = learning_from(run_dir(cfg), its, elected_at, ends, 240, training)
                 recovery("new leader -> learning from its partitions", resumed_at - elected_at)
 
-                # b) Bring it back, then restart the other two one by one (SIGTERM: a controlled
-                # shutdown hands leadership over first), each once every replica is in sync again.
+                # b) Bring it back, then restart another (SIGTERM: a controlled shutdown hands
+                # leadership over first) once every replica is in sync again: one step of a rolling
+                # restart. Not the third broker too: its restart repeats the second's hand-over, and
+                # cost ~1.5 of CI's 90 minutes on 2 cores.
                 cluster.nodes[victim - 1].start()
-                for node in [n for n in cluster.nodes if n.node_id != victim]:
+                for node in [n for n in cluster.nodes if n.node_id != victim][:1]:
                     wait_until("every replica in sync", lambda: all_in_sync(settings, *topics), 240)
                     stopping_at = time.time()
                     assert node.stop()

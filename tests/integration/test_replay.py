@@ -36,7 +36,9 @@ def _final_state(cfg) -> tuple[dict, dict, dict]:
     return model, optimizer, meta
 
 
-@pytest.mark.parametrize("pipeline", ["fraud", "fraud_chargebacks"])
+# The plain pipeline's form in `make test-all` only: fraud_chargebacks replays the same model,
+# optimizer and stream, and its join and matured-label state besides.
+@pytest.mark.parametrize("pipeline", [pytest.param("fraud", marks=pytest.mark.extended), "fraud_chargebacks"])
 def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(kafka, kafka_settings, ray_cluster,
                                                                                  topic, tmp_path, monkeypatch,
                                                                                  pipeline):
