@@ -137,7 +137,10 @@ class ReportFeedback:
         self.spec, self.lookup, self.rows = spec, lookup, rows
         # The events that matured unreported, for the quality signals (maturing.py): read back
         # from the row store, so none without one; `matured` False where nothing judges them.
-        self.maturing = Maturing(spec.ttl_s) if rows is not None and matured else None
+        # Every rank keeps the marks (a few KB in each checkpoint), so a partition a resize hands
+        # to a new rank 0 matures from its checkpoint, not one whole attribution window later.
+        self.maturing = Maturing(spec.ttl_s) if rows is not None else None
+        self.judged = matured
         self.clocks: dict[int, float] = {}  # event partition -> its newest learned event's Kafka time (s)
         self.reported: dict[int, set[int]] = {}  # event partition -> offsets whose report was applied
         # Event partition -> where its learned events end. A report for an event past it waits
@@ -193,11 +196,15 @@ class ReportFeedback:
             refused += [(kept[row], reason) for row, reason in dead.items()]
         bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), values[i]), reason)
                       for i, reason in sorted(refused)]
-        matured = self.maturing.sample(self.rows, self.clocks, self.reported) if self.maturing else None
+        matured = None
+        if self.maturing is not None and self.judged:
+            matured = self.maturing.sample(self.rows, self.clocks, self.reported)
+        elif self.maturing is not None:
+            self.maturing.advance(self.clocks)  # nothing judged here: the marks that matured go
         return Batch(window, np.concatenate(x), np.concatenate(y), np.concatenate(crcs), events.dead,
                      bad_labels=bad_labels, defaulted=len(events.y), ignored=ignored,
                      join_delta=self.delta() if window.checkpoint else None, matured=matured,
-                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing else None)
+                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing and self.judged else None)
 
     def _ahead(self, p: int, o: int) -> bool:
         """Does this report name an event in the topic that this rank has not learned yet? (Not

@@ -61,6 +61,11 @@ class Maturing:
         self.matured_to[p] = end
         return start, end
 
+    def advance(self, clocks: dict[int, float]) -> None:
+        """Forget the marks that matured by `clocks`, reading nothing (a rank that judges none)."""
+        for p, clock in clocks.items():
+            self.due(p, clock)
+
     def sample(self, rows: RowStore, clocks: dict[int, float], reported: dict[int, set[int]],
                size: int = SAMPLE) -> np.ndarray | None:
         """Features of up to `size` events that matured unreported by `clocks` (partition -> event

@@ -123,6 +123,31 @@ def test_a_restored_rank_goes_on_where_the_checkpoint_left_maturing(tmp_path):
     assert batch.matured is not None and len(batch.matured) > 0  # not a whole attribution window's wait
 
 
+def test_a_rank_that_judges_nothing_keeps_the_marks_a_resize_hands_to_rank_0(tmp_path):
+    """Direct path: only rank 0 judges, but every rank keeps its partitions' marks in the
+    checkpoint, so a partition that a resize moves to a new rank 0 matures at once."""
+    spec = dataclasses.replace(PIPELINE.labels, ttl_s=TTL_S)
+    placed, topic = _stream(3_000)
+    other = ReportFeedback(spec, Topic(topic), RowStore(tmp_path / "other", feature_width(PIPELINE)), matured=False)
+    reads = []
+    other.rows.read = lambda p, offsets: reads.append(offsets) or []
+    state = None
+    for start in range(0, 2_000, 200):
+        chunk = sorted((topic[p][o] for _, p, o, _ in placed[start:start + 200]),
+                       key=lambda m: (m.partition(), m.offset()))
+        batch = other.batch(PIPELINE, Window(0, {}, checkpoint=True), decode_events(PIPELINE, chunk), [])
+        assert batch.matured is None and batch.matured_age_s is None  # nothing judged here ...
+        state = batch.join_delta
+    assert not reads  # ... and nothing read back for it
+    assert all(other.maturing.matured_to[p] > 0 for p in (0, 1))  # the matured marks went
+    assert all(len(m) <= MARKS for m in other.maturing.marks.values())
+    rank0 = ReportFeedback(spec, Topic(topic), RowStore(tmp_path / "other", feature_width(PIPELINE)))
+    rank0.restore(state, lambda p: True)
+    later = sorted((topic[p][o] for _, p, o, _ in placed[2_000:]), key=lambda m: (m.partition(), m.offset()))
+    batch = rank0.batch(PIPELINE, Window(1, {}), decode_events(PIPELINE, later), [])
+    assert batch.matured is not None and len(batch.matured) > 0  # not a whole attribution window's wait
+
+
 def test_with_delayed_feedback_the_labelled_signals_see_reports_and_matured_negatives_only():
     drift = DriftMonitor("classification", {"x0": 0})
     watch = Watch(1_000, drift, evidence=EvidenceSampler(1_000), silent=0.0)
