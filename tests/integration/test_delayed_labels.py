@@ -37,7 +37,7 @@ from streamlearn.train.trainer import run_dir, train
 from .models import ShortChargebacks
 from .streams import dead_letter_keys, read_stamped, read_topic
 from .test_faults import Training, checkpoint_after, finish_training, recovery
-from .test_training import INGESTS_DIRECT_EXTENDED, config, train_workers
+from .test_training import INGESTS, config, train_workers
 
 pytestmark = pytest.mark.integration
 PLAN = LabelPlan(parse_label_delay("uniform:0.2:2.0"), unlabelled_fraction=0.1)
@@ -99,7 +99,11 @@ def assert_joined_exactly_once(settings, cfg) -> dict:
     return meta
 
 
-@INGESTS_DIRECT_EXTENDED
+# `make test-all` only, both forms: in `make test` the join state goes through a worker kill and a
+# resume in both modes with delayed feedback's join (test_delayed_feedback), and this join's state
+# through aimed kills at its checkpoint (below).
+@pytest.mark.extended
+@INGESTS
 @pytest.mark.timeout(900)
 def test_delayed_labels_are_learned_once_through_a_worker_kill_and_a_resume_on_one_worker(
         kafka, kafka_settings, ray_cluster, topic, tmp_path, ingest):

@@ -27,8 +27,7 @@ INGESTS = pytest.mark.parametrize("ingest", ["direct", "ray-data"])
 INGESTS_RAY_DATA_EXTENDED = pytest.mark.parametrize(
     "ingest", ["direct", pytest.param("ray-data", marks=pytest.mark.extended)])
 # And the other way round: a fault whose direct form `make test` meets elsewhere (a broker lost
-# under direct reading: test_kafka_cluster; a direct join's kill and resume: test_delayed_feedback,
-# test_delayed_labels' aimed kills; direct dead-lettering: test_kafka_cluster, test_metrics).
+# under direct reading: test_kafka_cluster; direct dead-lettering: test_kafka_cluster, test_metrics).
 INGESTS_DIRECT_EXTENDED = pytest.mark.parametrize(
     "ingest", [pytest.param("direct", marks=pytest.mark.extended), "ray-data"])
 
