@@ -140,7 +140,7 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
     cfg = TrainConfig(pipeline=PIPELINE_SPEC, topic=topic, workers=2, cpus_per_worker=0.5,
                       checkpoint_dir=str(tmp_path / "ckpt"),
                       run_name=f"metrics-{topic}", checkpoint_every_s=2.0, checkpoint_every_steps=15,
-                      window_events=1000, until_idle_s=4.0, batch_size=128)
+                      window_events=1000, until_idle_s=8.0, batch_size=128)  # 8: the trickle's gaps
     ensure_topics(kafka_settings, {topic + SCORES_SUFFIX: 1})
     serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=PIPELINE_SPEC,
                             port=free_port(), poll_interval_s=0.25, quality_tolerance=1.0,  # every real one swaps
@@ -171,16 +171,20 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
         def second_burst():  # once the first checkpoint is out: the served version moves again after it
             wait_for(lambda: ckpt.newest(run_dir(cfg)) is not None, 90)
             # A trickle, not a burst: events keep arriving ahead of the commits, so the lag the
-            # controller samples every 2 s is above zero for seconds. It goes on, a second at a time,
-            # until Prometheus holds a lag above zero (15 s at least, 60 s at most): a fixed 6-s trickle
-            # was scraped as zero lag on every partition in two loaded CI runs (2026-11-29 and -30),
-            # where scrapes of Ray's metrics time out while training holds both cores.
-            for chunk in range(60):
-                run_load(kafka.bootstrap, topic, partitions=4, count=200, bad_fraction=0.05, seed=12 + chunk,
+            # controller samples every 2 s is above zero for seconds. 15 s of it in one go (no gap
+            # the run could take for idleness), then more, a second at a time, until Prometheus holds
+            # a lag above zero (45 s at most): a 6-s trickle was scraped as zero lag on every
+            # partition in two loaded CI runs (2026-11-29 and -30), where scrapes of Ray's metrics
+            # time out while training holds both cores.
+            run_load(kafka.bootstrap, topic, partitions=4, count=3000, bad_fraction=0.05, seed=12,
+                     profile=parse_profile("constant:200"))
+            trickled.append(3000)
+            for chunk in range(45):
+                if sum(lag_peaks(url, names).values()) > 0:
+                    break
+                run_load(kafka.bootstrap, topic, partitions=4, count=200, bad_fraction=0.05, seed=13 + chunk,
                          profile=parse_profile("constant:200"))
                 trickled.append(200)
-                if chunk >= 14 and sum(lag_peaks(url, names).values()) > 0:
-                    break
 
         producer = threading.Thread(target=second_burst, daemon=True)
         producer.start()
