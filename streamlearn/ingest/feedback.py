@@ -136,7 +136,7 @@ class ReportFeedback:
                  matured: bool = True):
         self.spec, self.lookup, self.rows = spec, lookup, rows
         # The events that matured unreported, for the quality signals (maturing.py): read back
-        # from the row store, so none without one; `matured` False where nothing judges them.
+        # from the row store, so none without one; `matured` False: marks kept, no rows read.
         # Every rank keeps the marks (a few KB in each checkpoint), so a partition a resize hands
         # to a new rank 0 matures from its checkpoint, not one whole attribution window later.
         self.maturing = Maturing(spec.ttl_s) if rows is not None else None
