@@ -29,6 +29,7 @@ LOOPBACK_WRAPPER = Path(__file__).with_name("haproxy-loopback")
 # <dir>/<node id: 56 hex>/, so the directory itself must stay short.
 MAX_SOCKET_PATH = 97
 NODE_SUBDIR = 1 + 56
+SCORER_RETRY_ON = "conn-failure empty-response"  # HAProxy's retry-on: what may be sent to another replica
 
 
 def state_dir() -> Path:
@@ -50,6 +51,12 @@ def ingress_env(state_dir: str | Path, *, loopback: bool = True) -> dict[str, st
     env = {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        # A replica that dies with a request on it leaves HAProxy an empty response; Ray retries
+        # only connection failures, as a request may not be safe to send twice. Every route of the
+        # scorer is (same event, same version, same answer; the evaluator counts an answer once),
+        # so HAProxy sends it to another replica instead of answering 500 (CI saw a client's one
+        # retry, sent at once, meet the dead replica again).
+        "RAY_SERVE_HAPROXY_RETRY_ON": SCORER_RETRY_ON,
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(state / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(state / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(state),

@@ -37,6 +37,7 @@ def test_environment_has_own_files_and_ports_and_the_user_wins():
     env = ingress_env(short)
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
     assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == str(LOOPBACK_WRAPPER)
+    assert env["RAY_SERVE_HAPROXY_RETRY_ON"].split() == ["conn-failure", "empty-response"]  # never a 503: ours
     assert env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"].startswith(str(short))
     assert int(env["RAY_SERVE_HAPROXY_STATS_PORT"]) not in (8404, 9101)
     assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in ingress_env(short, loopback=False)  # a cluster: Ray's binds
