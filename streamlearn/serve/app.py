@@ -313,7 +313,7 @@ def deploy(cfg: ServeConfig) -> str:
     application; returns its base URL once a replica is up. Ray must be initialized, or
     Serve starts a local Ray of its own in this process."""
     application = scorer_app(cfg)  # before Serve starts: a wrong pipeline fails here, with its message
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    _start_serve(cfg)
     running = _proxy_address()
     if running is not None and running != (cfg.host, cfg.port):
         # Serve keeps its first proxy settings; deploying anyway would hand back a wrong URL.
@@ -325,7 +325,19 @@ def deploy(cfg: ServeConfig) -> str:
     return cfg.url
 
 
-def _until_answering(url: str, timeout_s: float = 60.0) -> None:
+def _start_serve(cfg: ServeConfig) -> None:
+    """serve.start, patient with a slow machine: Ray 2.60 gives its proxies a fixed 60 s to
+    start and then raises, though they go on starting (CI saw a busy 2-core host take longer).
+    Serve's controller is up by then, so the second call joins it; whether the proxies ever
+    came up, `_until_answering` finds out."""
+    try:
+        serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    except TimeoutError as e:
+        log("serve_proxies_slow", level="warning", error=str(e), url=cfg.url)
+        serve.start(http_options={"host": cfg.host, "port": cfg.port})
+
+
+def _until_answering(url: str, timeout_s: float = 120.0) -> None:
     """serve.run returns once the replicas run; with the HAProxy ingress the route reaches
     HAProxy a moment later (a config reload), and a caller told "deployed" before that got an
     answer that was not the scorer's. Deployed means the scorer answers at its URL."""

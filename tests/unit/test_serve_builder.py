@@ -71,3 +71,29 @@ def test_serve_calls_the_builder_and_gets_the_scorer_with_deploys_options(tmp_pa
 def test_a_pipeline_that_does_not_exist_fails_in_the_builder():
     with pytest.raises(PipelineError, match="pipeline .no-such-pipeline. not found"):
         app_builder({"pipeline": "no-such-pipeline"})
+
+
+def test_a_proxy_slower_than_rays_fixed_60_s_does_not_fail_the_deploy(monkeypatch):
+    """Ray 2.60's serve.start raises after 60 s while its proxies go on starting; deploy joins the
+    controller with a second call (no Ray here: what is tested is the call sequence). Any other
+    error, or a second timeout, is the caller's."""
+    from streamlearn.serve import app
+
+    calls = []
+
+    def start(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise TimeoutError("HTTP proxies not available after 60s.")
+
+    monkeypatch.setattr(app.serve, "start", start)
+    cfg = ServeConfig(port=8123)
+    app._start_serve(cfg)
+    assert calls == [{"http_options": {"host": cfg.host, "port": 8123}}] * 2
+
+    def never(**kwargs):
+        raise TimeoutError("HTTP proxies not available after 60s.")
+
+    monkeypatch.setattr(app.serve, "start", never)
+    with pytest.raises(TimeoutError):
+        app._start_serve(cfg)
