@@ -52,10 +52,11 @@ def test_warm_resizes_with_ray_data_learn_every_event_once(kafka, kafka_settings
 
 
 def train_through_a_burst(kafka, kafka_settings, cfg, policy: ScalingPolicy, *, seed: int, until,
-                          trickle_s: float = 300.0, burst: int = 150_000, trickle: int = 300) -> dict:
+                          trickle_s: float = 540.0, burst: int = 150_000, trickle: int = 300) -> dict:
     """Train under `policy` while `burst` events (1 % bad) go into the topic at once and then a
     trickle of `trickle` events/s until `until()` holds (at most `trickle_s`: a resize that never
-    comes fails the caller's assertions, not the test's timeout), so the old group is still
+    comes fails the caller's assertions, not the test's timeout; each warm group start took ~55 s
+    here, up and down took 220 s of trickle on a quiet run, and CI ran out of 300 s once), so the old group is still
     learning when a new one is ready; then silence, and `--until-idle` ends the run. Returns
     train()'s summary."""
     stop = threading.Event()
