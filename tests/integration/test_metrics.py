@@ -140,7 +140,10 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
     cfg = TrainConfig(pipeline=PIPELINE_SPEC, topic=topic, workers=2, cpus_per_worker=0.5,
                       checkpoint_dir=str(tmp_path / "ckpt"),
                       run_name=f"metrics-{topic}", checkpoint_every_s=2.0, checkpoint_every_steps=15,
-                      window_events=1000, until_idle_s=8.0, batch_size=128)  # 8: the trickle's gaps
+                      window_events=1000, until_idle_s=14.0, batch_size=128)  # above the trickle's gaps
+    # and long: the last checkpoint's gauges live while rank 0 does (it idles this long after the
+    # stream's last checkpoint) plus Ray's 2-interval TTL; with an 8-s idle a rehearsal's scrapes
+    # (7 failed, over their 1.6-s timeout) never saw the last two versions.
     ensure_topics(kafka_settings, {topic + SCORES_SUFFIX: 1})
     serve_cfg = ServeConfig(checkpoint_dir=cfg.checkpoint_dir, run_name=cfg.run_name, pipeline=PIPELINE_SPEC,
                             port=free_port(), poll_interval_s=0.25, quality_tolerance=1.0,  # every real one swaps
