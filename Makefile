@@ -18,7 +18,7 @@ demo: setup
 	@$(VENV)/bin/streamlearn demo $(if $(filter-out 0,$(DURATION)),--duration $(DURATION)) $(if $(DEMO_HOME),--home $(DEMO_HOME))
 
 # CI runs `make test`: every guarantee, each fault in at least one ingest mode. `make test-all`
-# adds the 9 tests marked `extended` (README's first screen), ~20 more minutes on 2 cores.
+# adds the 10 tests marked `extended` (README's first screen), ~25 more minutes on 2 cores.
 SUITE := -m pytest -q -p no:cacheprovider --durations=25
 test: setup lint
 	@$(PY) $(SUITE) -m "not extended" tests/unit tests/integration
