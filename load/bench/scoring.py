@@ -83,6 +83,9 @@ VARIANTS: dict[str, tuple] = {
                              HAPROXY | TPUT | {"RAY_SERVE_HAPROXY_NBTHREAD": "1"}, R2),
     "defaults_nbt1": ("Serve, project defaults with HAProxy on 1 thread (RAY_SERVE_HAPROXY_NBTHREAD=1)",
                       {"RAY_SERVE_HAPROXY_NBTHREAD": "1"}, {}),
+    "retry_conn_only": ("Serve, project defaults but HAProxy retries connection failures only (Ray's default; "
+                        "the defaults before 2026-11-30, which added empty responses)",
+                        {"RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure"}, {}),
 }
 # The defaults against the old defaults, each measured twice in the run (an A/B repeat gives the spread).
 DEFAULT_VARIANTS = ("defaults", "proxy_actor", "defaults#2", "proxy_actor#2", "defaults#3")
