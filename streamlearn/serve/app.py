@@ -330,11 +330,12 @@ def _start_serve(cfg: ServeConfig) -> None:
     start and then raises, though they go on starting (CI saw a busy 2-core host take longer).
     Serve's controller is up by then, so the second call joins it; whether the proxies ever
     came up, `_until_answering` finds out."""
+    http_options = {"host": cfg.host, "port": cfg.port}
     try:
-        serve.start(http_options={"host": cfg.host, "port": cfg.port})
+        serve.start(http_options=http_options)
     except TimeoutError as e:
         log("serve_proxies_slow", level="warning", error=str(e), url=cfg.url)
-        serve.start(http_options={"host": cfg.host, "port": cfg.port})
+        serve.start(http_options=http_options)
 
 
 def _until_answering(url: str, timeout_s: float = 120.0) -> None:
