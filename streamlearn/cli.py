@@ -146,6 +146,9 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
           ingest: str = typer.Option(TrainConfig.ingest, help="How events reach the workers: 'direct' (each rank "
                                                               "reads Kafka) or 'ray-data' (a Ray Data pipeline "
                                                               "reads, decodes and splits them)."),
+          read_lanes: int = typer.Option(TrainConfig.read_lanes, min=1,
+                                         help="--ingest ray-data: Kafka readers in the Dataset (each decodes "
+                                              "whole partitions); more where cores are spare."),
           use_gpu: bool = typer.Option(TrainConfig.use_gpu, help="NCCL on GPUs instead of gloo on CPUs."),
           sync: str = typer.Option(TrainConfig.sync, help="How workers stay one model: 'step' (DDP: every "
                                                           "step's gradients allreduced) or 'window' (each rank "
@@ -194,8 +197,9 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
 
     from streamlearn.train.trainer import train as run_training
 
-    cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, ingest=ingest, use_gpu=use_gpu, sync=sync,
-                      cpus_per_worker=cpus_per_worker, batch_size=batch_size, checkpoint_dir=checkpoint_dir,
+    cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, ingest=ingest, read_lanes=read_lanes,
+                      use_gpu=use_gpu, sync=sync, cpus_per_worker=cpus_per_worker, batch_size=batch_size,
+                      checkpoint_dir=checkpoint_dir,
                       checkpoint_every_s=checkpoint_every_s, checkpoint_every_steps=checkpoint_every_steps,
                       keep_checkpoints=keep_checkpoints, run_name=run_name, max_events=max_events,
                       until_idle_s=until_idle, seed=seed, drift=drift, warm_pool=warm_pool,

@@ -101,6 +101,9 @@ class TrainConfig:
     group_id: str = ""  # default: "streamlearn-<pipeline>"
     workers: int = 2
     ingest: str = "direct"  # "direct": each rank reads Kafka itself; "ray-data": a Ray Data pipeline feeds the ranks
+    # --ingest ray-data: the Dataset's read tasks, each a Kafka consumer that decodes whole partitions.
+    # 2 fed 4 workers at 0.17x the direct path on a 16-core machine (docs/BENCHMARKS.md "GPU path").
+    read_lanes: int = 2
     use_gpu: bool = False
     sync: str = "window"  # issue 48: 2 workers 1.37x one with it, 0.82x with "step" (docs/BENCHMARKS.md)
     cpus_per_worker: float = 0.5
@@ -136,6 +139,7 @@ class TrainConfig:
 
         need(self.ingest in INGEST_MODES, f"ingest must be one of {', '.join(INGEST_MODES)}, got {self.ingest!r}")
         need(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
+        need(self.read_lanes >= 1, f"read_lanes must be >= 1 (Ray Data's Kafka readers), got {self.read_lanes}")
         need(self.sync in SYNC_MODES, f"sync must be one of {', '.join(SYNC_MODES)} ('step': DDP's allreduce of "
                                       f"every step's gradients; 'window': weights averaged once a window), "
                                       f"got {self.sync!r}")

@@ -46,7 +46,8 @@ from streamlearn.logs import log
 from streamlearn.phases import Phases
 from streamlearn.pipeline import Pipeline
 
-LANES = 2  # read tasks (Kafka consumers) in the Dataset; each reads and decodes whole partitions of every window
+LANES = 2  # read tasks (Kafka consumers) in the Dataset by default (TrainConfig.read_lanes); each reads and decodes
+# whole partitions of every window
 LOOKAHEAD = 3
 POLL_S = 0.005  # how long a rank waits for a slice before the next completion count
 # No slice at all for this long while a window is incomplete: the pipeline stalled. The group
@@ -68,7 +69,7 @@ BEHIND_S = 0.5  # what the aimed fault `ray_data_rank_behind` holds each slice b
 
 
 class RayDataStream:
-    read_lanes = LANES  # the planner cuts windows for the lanes, not the ranks
+    read_lanes = LANES  # the planner cuts windows for the lanes, not the ranks (set per run in __init__)
     # Windows fed ahead of the one being learned. With one, every window waited out the whole
     # pipeline's latency (feed, read task, decode actor, split coordinator: ~0.5 s a window on
     # two cores, measured) and training ran at 0.39x the direct path.
@@ -76,11 +77,12 @@ class RayDataStream:
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
                  rank: int, world: int, phases: Phases | None = None, rows_dir: Path | None = None,
-                 gen: int = 0):
+                 gen: int = 0, lanes: int = LANES):
         # WorkerStream's constructor (once per group) and the group's number, which names its Dataset.
         self.settings, self.topic, self.dlq_topic, self.group_id = settings, topic, dlq_topic, group_id
         self.pipeline, self.rank, self.world = pipeline, rank, world
         self.gen = gen  # the run's group number: a warm resize runs two groups' Datasets at once
+        self.read_lanes = lanes
         self.rows_dir = rows_dir  # the lanes' row store (delayed feedback), handed over by the feed
         self.phases = phases or Phases(rank)
         # Rank 0 plans, commits and scans the dead-letter topic; the other ranks only receive.
@@ -108,9 +110,9 @@ class RayDataStream:
         iterators = None
         if self.rank == 0:
             self._feed = source.WindowFeed.remote(self.rows_dir)
-            self._room = source.reserve_lanes(f"{self.dataset_name}-lanes-g{self.gen}", LANES)
+            self._room = source.reserve_lanes(f"{self.dataset_name}-lanes-g{self.gen}", self.read_lanes)
             ds = source.build(self.settings, self.topic, self.group_id, self.pipeline,
-                              self._feed, LANES, self.dataset_name, self._room)
+                              self._feed, self.read_lanes, self.dataset_name, self._room)
             iterators = ds.streaming_split(self.world, equal=False)  # equal=True would drop rows
             # The other ranks' copies reach them through the process group, not through Ray, so
             # Ray does not count them: once rank 0's own iterator was done and dropped, the split
@@ -130,7 +132,7 @@ class RayDataStream:
 
     def _expected(self, window: Window) -> int:
         """Rows the ranks together hold once the window is complete."""
-        return window.messages + LANES if self.label_topic is not None else window.size
+        return window.messages + self.read_lanes if self.label_topic is not None else window.size
 
     def _pump(self, iterator) -> None:
         try:
@@ -285,7 +287,7 @@ class RayDataStream:
         """Since the last checkpoint, for its metrics and `streamlearn status`: the Ray Data stage's
         work on the slices this rank learned (read, parsed and featurized in the lanes)."""
         stats, self.stats = self.stats, {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
-        return {"mode": "ray-data", "dataset": self.dataset_name, "lanes": LANES,
+        return {"mode": "ray-data", "dataset": self.dataset_name, "lanes": self.read_lanes,
                 **{k: round(v, 3) for k, v in stats.items()}}
 
     def dead_letter(self, batch: Batch) -> None:
@@ -324,7 +326,7 @@ class _LanesPast:
             self.asked = now
             state = self.stream.feed_state()
             lanes = (state or {}).get("lanes", {})
-            past = len(lanes) == LANES and all(ask["after"] is not None and ask["after"] >= self.seq
+            past = len(lanes) == self.stream.read_lanes and all(ask["after"] is not None and ask["after"] >= self.seq
                                                for ask in lanes.values())
             self.since = (self.since or now) if past else None
         return now - max(self.since, progress) if self.since is not None else 0.0

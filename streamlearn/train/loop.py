@@ -419,7 +419,7 @@ def _stream_class(cfg: TrainConfig, gen: int):
     if cfg.ingest == "ray-data":
         from streamlearn.ingest.raydata_stream import RayDataStream  # Ray Data's import is seconds: only when used
 
-        return functools.partial(RayDataStream, gen=gen)
+        return functools.partial(RayDataStream, gen=gen, lanes=cfg.read_lanes)
     return WorkerStream
 
 

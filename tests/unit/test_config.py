@@ -11,6 +11,7 @@ def test_train_config_defaults_derive_names():
 
 @pytest.mark.parametrize("kwargs, says", [
     ({"workers": 0}, "workers must be >= 1"),
+    ({"read_lanes": 0}, "read_lanes must be >= 1"),
     ({"cpus_per_worker": 0}, "fractions like 0.5"),
     ({"keep_checkpoints": 1}, "keep_checkpoints must be >= 2"),
     ({"topic": ""}, "--topic"),
