@@ -2,7 +2,8 @@
 direct at 4 workers (its read lanes on the cores the trainers leave), and the GPU path (`--use-gpu`:
 NCCL, the model and every batch on CUDA), against the plain loop, in the same run on the same data.
 
-    python -m load.bench.gpu [--events 200000] [--runs 3]   # a 16-core, 1-GPU machine: under 8 min
+    python -m load.bench.gpu [--events 200000] [--runs 3]   # a 16-core, 1-GPU machine
+    python -m load.bench.gpu --skip kill,baseline-cuda,nccl-1   # what a lease of 9 minutes holds (below)
     python -m load.bench.gpu --cpu-only --workers 1,2 --events 20000 --runs 1 --out DIR   # its test here
 
 Contenders, one run each per round (as in ingest.py): the single-process baseline on the CPU
@@ -14,7 +15,12 @@ SIGKILLed right after a checkpoint is published and before its offsets are commi
 restarted (on the GPU) from that checkpoint, and the run audited for exactly-once against a
 re-read of the topic. The report is rewritten after every round, so a lease that ends early
 leaves the rounds it held. `--cpu-only` leaves out the CUDA contenders (the kill runs on the CPU);
-`--out DIR` writes DIR/gpu.json and leaves docs/ as it is.
+`--out DIR` writes DIR/gpu.json and leaves docs/ as it is. `--skip` leaves out contenders (and
+`kill`, the kill check): a round of all of them took ~4 minutes on the lent H200, mostly each
+group's ~25-s start, so three rounds and the kill outlast one 10-minute call; the CUDA contenders
+and the kill were measured there on 2026-11-27 (docs/bench/gpu.json keeps what a run skipped).
+The topic has 8 partitions (`--partitions`): with fewer partitions than ranks the direct path
+cuts each partition's range into per-rank slices, which is not how an 8-worker job is deployed.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from load.bench.common import audit_exactly_once, json_safe, machine_line, write_json, write_section
+from load.bench.common import audit_exactly_once, json_safe, machine_info, machine_line, write_json, write_section
 from load.bench.ingest import TOPIC, alternating_rounds, baseline, median_run, pipeline_rate
 from streamlearn import faults
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.train.trainer import run_dir, train
 
+PARTITIONS = 8  # one a rank up to 8 workers: the direct path's contiguous reads (streamlearn/ingest/windows.py)
 KILL = "after_publish_before_commit@rank0#1"  # the first checkpoint durable, its offsets not committed
 
 
@@ -64,22 +71,25 @@ def gpu_sampled(out: dict):
 
 CONTENDERS = {"baseline-cpu": {"device": "cpu"}, "baseline-cuda": {"device": "cuda"},
               **{f"gloo-{n}": {"workers": n} for n in (1, 2, 4, 8)},
-              "ray-data-4": {"workers": 4, "ingest": "ray-data"}, "nccl-1": {"workers": 1, "use_gpu": True}}
+              "ray-data-4": {"workers": 4, "ingest": "ray-data"},
+              "ray-data-4x8": {"workers": 4, "ingest": "ray-data", "read_lanes": 8},
+              "nccl-1": {"workers": 1, "use_gpu": True}}
 CUDA = ("baseline-cuda", "nccl-1")
 BARS = {"gloo_4_vs_1": 3.2, "ray_data_vs_direct_4": 1.0}  # issue 48, on the 16-core machine
 
 
-def contenders(workers: list[int], cpu_only: bool) -> list[str]:
+def contenders(workers: list[int], cpu_only: bool, skip: frozenset[str] = frozenset()) -> list[str]:
     gloo = [f"gloo-{n}" for n in workers]
-    wanted = ["baseline-cpu", "baseline-cuda", *gloo, "ray-data-4" if 4 in workers else "", "nccl-1"]
-    return [name for name in wanted if name in CONTENDERS and not (cpu_only and name in CUDA)]
+    wanted = ["baseline-cpu", "baseline-cuda", *gloo, *(["ray-data-4", "ray-data-4x8"] if 4 in workers else []),
+              "nccl-1"]
+    return [name for name in wanted if name in CONTENDERS and name not in skip and not (cpu_only and name in CUDA)]
 
 
-def run_one(bootstrap: str, events: int, home, name: str) -> dict:
+def run_one(bootstrap: str, events: int, home, name: str, partitions: int = PARTITIONS) -> dict:
     kwargs, sampled = CONTENDERS[name], {}
     with gpu_sampled(sampled):
         if name.startswith("baseline"):
-            result = {"steady_events_per_s": baseline(bootstrap, events, **kwargs)}
+            result = {"steady_events_per_s": baseline(bootstrap, events, partitions=partitions, **kwargs)}
         else:
             result = pipeline_rate(bootstrap, events, home=home, **kwargs)
     result = {**result, **sampled}
@@ -112,8 +122,15 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4,8", help="gloo group sizes (ray-data-4 runs when 4 is one)")
     parser.add_argument("--cpu-only", action="store_true", help="no CUDA contenders; the kill runs on the CPU")
     parser.add_argument("--out", default="", help="write DIR/gpu.json only, docs/ left as it is (the test)")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS)
+    parser.add_argument("--skip", default="", help="contenders to leave out, and `kill` for the kill check")
     args = parser.parse_args()
-    names = contenders([int(n) for n in args.workers.split(",") if n], args.cpu_only)
+    skip = frozenset(filter(None, args.skip.split(",")))
+    if unknown := skip - set(CONTENDERS) - {"kill"}:
+        parser.error(f"--skip: unknown {sorted(unknown)}; choose among {sorted(CONTENDERS)} and kill")
+    names = contenders([int(n) for n in args.workers.split(",") if n], args.cpu_only, skip)
+    if "baseline-cpu" not in names:
+        parser.error("--skip: baseline-cpu is what every ratio is taken against; keep it")
     out = Path(args.out) if args.out else None
     killed: dict = {}
 
@@ -122,43 +139,55 @@ def main() -> None:
         print(f"# killed and restored: fault fired {killed['fault_fired']}, exactly-once audit "
               f"{'passed' if killed['audit']['passed'] else 'FAILED'}", flush=True)
 
-    alternating_rounds(args.events, args.runs, names, run_one, first=first,
-                       each_round=lambda runs: report(args.events, runs, killed, args.runs, out))
+    def one(bootstrap: str, events: int, home, name: str) -> dict:
+        return run_one(bootstrap, events, home, name, args.partitions)
+
+    alternating_rounds(args.events, args.runs, names, one, first=None if "kill" in skip else first,
+                       each_round=lambda runs: report(args.events, runs, killed, args.runs, out, args.partitions),
+                       partitions=args.partitions)
 
 
 def _ratio(med: dict, a: str, b: str) -> float | None:
     return med[a]["steady_events_per_s"] / med[b]["steady_events_per_s"] if a in med and b in med else None
 
 
-def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = None) -> None:
+def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = None,
+           partitions: int = PARTITIONS) -> None:
     """Written after every round: what a time limit leaves is the report of the rounds done."""
     base = statistics.median(r["steady_events_per_s"] for r in runs["baseline-cpu"])
     med = {name: median_run(rs) if not name.startswith("baseline") else
            {"steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in rs),
             "gpu_util_peak_pct": max(r["gpu_util_peak_pct"] for r in rs)} for name, rs in runs.items()}
-    audit = killed["audit"]
+    audit = killed.get("audit")  # None: the kill check was skipped
     done = len(runs["baseline-cpu"])
     scaling = {f"ratio_{name.replace('-', '_')}_vs_gloo_1": _ratio(med, name, "gloo-1")
                for name in med if name.startswith("gloo-")}
-    figures = {"events": n, "gpu": _gpu_name(), "rounds_done": done, "rounds_asked": rounds,
+    figures = {"events": n, "partitions": partitions, "gpu": _gpu_name(), "rounds_done": done, "rounds_asked": rounds,
                "baseline_events_per_s": base,
                **{f"{name}_events_per_s": m["steady_events_per_s"] for name, m in med.items()},
                **{f"ratio_{name}_vs_baseline_cpu": m["steady_events_per_s"] / base for name, m in med.items()},
                **scaling, "ratio_nccl_1_vs_gloo_1": _ratio(med, "nccl-1", "gloo-1"),
                "ratio_ray_data_4_vs_gloo_4": _ratio(med, "ray-data-4", "gloo-4"), "bars": BARS,
                **{f"first_step_s_{name}": m["first_step_s"] for name, m in med.items() if "first_step_s" in m},
-               "killed_restored_exactly_once": audit["passed"], "killed": killed, "runs": runs}
+               "killed_restored_exactly_once": audit and audit["passed"], "killed": killed or None, "runs": runs}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "gpu.json").write_text(json.dumps(json_safe({"benchmark": "gpu", **figures}), default=str))
+        body = {"benchmark": "gpu", "machine": {**machine_info(), **_versions()}, **figures}
+        (out / "gpu.json").write_text(json.dumps(json_safe(body), indent=1, default=str))
         return
     write_json("gpu", figures)
     rows = [f"| {name} | {m['steady_events_per_s']:,.0f} | {m['steady_events_per_s'] / base:.2f} | "
             f"{_seconds(m.get('first_step_s'))} | {m['gpu_util_peak_pct']} % |"
             for name, m in med.items()]
+    kill_line = "The kill check was skipped (`--skip kill`)." if audit is None else (
+        f"Killed ({'on the GPU' if killed.get('use_gpu', True) else 'on the CPU'}) between a checkpoint's publish "
+        f"and its offsets' commit (`{KILL}`), restarted from "
+        f"that checkpoint: fault fired: {killed['fault_fired']}; exactly-once audit against a re-read "
+        f"of the topic {'passed' if audit['passed'] else 'FAILED'} (learned {audit['learned']:,} of "
+        f"{audit['produced']:,}; {', '.join(k for k, ok in audit['checks'].items() if not ok) or 'every check held'}).")
     lines = [
-        f"{n:,} fraud events on 4 partitions, the same data for every contender, default settings; medians of "
-        f"{done} runs each ({done} of {rounds} rounds done when written), contenders round after round. "
+        f"{n:,} fraud events on {partitions} partitions, the same data for every contender, default settings; "
+        f"medians of {done} runs each ({done} of {rounds} rounds done when written), contenders round after round. "
         f"GPU: {figures['gpu']}. {machine_line()}",
         "",
         "| contender | learned events/s (steady) | ratio to the CPU baseline | first step | GPU utilisation, peak |",
@@ -174,13 +203,17 @@ def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = Non
         f"{_x(figures['ratio_ray_data_4_vs_gloo_4'])} (≥ {BARS['ray_data_vs_direct_4']}x); NCCL against gloo, "
         f"1 worker: {_x(figures['ratio_nccl_1_vs_gloo_1'])}.",
         "",
-        f"Killed ({'on the GPU' if killed.get('use_gpu', True) else 'on the CPU'}) between a checkpoint's publish "
-        f"and its offsets' commit (`{KILL}`), restarted from "
-        f"that checkpoint: fault fired: {killed['fault_fired']}; exactly-once audit against a re-read "
-        f"of the topic {'passed' if audit['passed'] else 'FAILED'} (learned {audit['learned']:,} of "
-        f"{audit['produced']:,}; {', '.join(k for k, ok in audit['checks'].items() if not ok) or 'every check held'}).",
+        kill_line,
     ]
     write_section("gpu", "GPU path (NCCL, `--use-gpu`)", "\n".join(lines))
+
+
+def _versions() -> dict:
+    import ray
+    import torch
+
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+    return {"torch": torch.__version__, "ray": ray.__version__, "nccl": ".".join(map(str, nccl)) if nccl else None}
 
 
 def _x(value: float | None) -> str:

@@ -44,7 +44,7 @@ TOPIC, PARTITIONS = "bench", 4
 DELAYED = "bench-delayed"  # the same events, their labels on DELAYED.labels
 
 
-def baseline(bootstrap: str, n: int, device: str = "cpu") -> float:
+def baseline(bootstrap: str, n: int, device: str = "cpu", partitions: int = PARTITIONS) -> float:
     """The hand-rolled loop: consume, decode, featurize, step; events/s on one core (and its GPU,
     where `device` names one: load/bench/gpu.py)."""
     torch.set_num_threads(1)
@@ -54,7 +54,7 @@ def baseline(bootstrap: str, n: int, device: str = "cpu") -> float:
     opt = pipeline.make_optimizer(model.parameters())
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"baseline-{time.time()}",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 20})
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
     seen, events, started = 0, [], time.perf_counter()
     while seen < n:
         for msg in consumer.consume(5000, timeout=1.0):
@@ -120,21 +120,21 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
             "checkpoint_dir": cfg.checkpoint_dir, "run_name": name}
 
 
-def produce_topics(bootstrap: str, events: int, delayed: bool) -> None:
+def produce_topics(bootstrap: str, events: int, delayed: bool, partitions: int = PARTITIONS) -> None:
     """The fraud events on TOPIC and, with `delayed`, the same events again on DELAYED with each
     label on DELAYED.labels 0-1 s after its event."""
-    run_load(bootstrap, TOPIC, partitions=PARTITIONS, count=events, seed=11)
+    run_load(bootstrap, TOPIC, partitions=partitions, count=events, seed=11)
     if delayed:
-        run_load(bootstrap, DELAYED, partitions=PARTITIONS, count=events, seed=11,
+        run_load(bootstrap, DELAYED, partitions=partitions, count=events, seed=11,
                  labels=LabelPlan(parse_label_delay("uniform:0:1")))
 
 
-def bench_topics(delayed: bool) -> dict[str, int]:
-    return {TOPIC: PARTITIONS, **({DELAYED: PARTITIONS, f"{DELAYED}.labels": PARTITIONS} if delayed else {})}
+def bench_topics(delayed: bool, partitions: int = PARTITIONS) -> dict[str, int]:
+    return {TOPIC: partitions, **({DELAYED: partitions, f"{DELAYED}.labels": partitions} if delayed else {})}
 
 
 def alternating_rounds(events: int, rounds: int, contenders: list, run_one, first=None, each_round=None,
-                       delayed: bool = False) -> dict:
+                       delayed: bool = False, partitions: int = PARTITIONS) -> dict:
     """The fraud topic produced once (and the delayed-label topics with `delayed`), then
     `run_one(bootstrap, events, home, contender)` for every contender once per round, round after
     round (this machine's speed drifts within minutes: a contender's runs in a block would turn
@@ -143,8 +143,8 @@ def alternating_rounds(events: int, rounds: int, contenders: list, run_one, firs
     by contender."""
     import ray
 
-    with bench_broker(bench_topics(delayed)) as (home, broker, _settings):
-        produce_topics(broker.bootstrap, events, delayed)
+    with bench_broker(bench_topics(delayed, partitions)) as (home, broker, _settings):
+        produce_topics(broker.bootstrap, events, delayed, partitions)
         start_bench_ray()
         if first:
             first(broker.bootstrap, home)
