@@ -449,11 +449,26 @@ def gpu(d: dict) -> str:
                      f"{peak} %"])
     lines = table(["contender", "learned events/s (median)", "ratio to the CPU baseline", "runs",
                    "first step (median)", "GPU busy, peak"], rows)
-    killed = d.get("killed") or {}
+    scaling = [f"{k.removeprefix('ratio_').removesuffix('_vs_gloo_1').replace('_', '-')} {ratio(v)}"
+               for k, v in d.items() if k.startswith("ratio_gloo_") and k.endswith("_vs_gloo_1") and v is not None
+               and k != "ratio_gloo_1_vs_gloo_1"]
+    if scaling:
+        lines += ["", f"Against 1 gloo worker: {', '.join(scaling)} (issue 48: gloo-4 ≥ 3.20×); Ray Data against "
+                  f"direct, 4 workers: {ratio(d.get('ratio_ray_data_4_vs_gloo_4'))} (≥ 1.00×)."]
+    if lanes := d.get("more_read_lanes"):
+        lines[-1] += (f" With {lanes['read_lanes']} read lanes (`--read-lanes`, a later call, {lanes['rounds_done']} "
+                      f"runs): {num(lanes['ray-data-4x8_events_per_s'])} events/s, "
+                      f"{ratio(lanes['ratio_vs_baseline_cpu'])} its own CPU baseline.")
+    # A lease too short for every contender skips the CUDA ones and the kill: the earlier lease's stand.
+    earlier = d.get("earlier_lease") or {}
+    source = d if d.get("killed") else earlier
+    killed = source.get("killed") or {}
     audit = killed.get("audit") or {}
-    lines += ["", f"NCCL / gloo, 1 worker each: {ratio(d.get('ratio_nccl_1_vs_gloo_1'))}. Killed and restored on "
-              f"the GPU (`{killed.get('fault', '–')}`): {audit.get('learned', 0):,} of {audit.get('produced', 0):,} "
-              f"learned; exactly-once audit: {passed(audit.get('passed'))}."]
+    nccl = d.get("ratio_nccl_1_vs_gloo_1") or earlier.get("ratio_nccl_1_vs_gloo_1")
+    when = "" if source is d else f" (the earlier lease, {earlier['machine']['date']})"
+    lines += ["", f"NCCL / gloo, 1 worker each{'' if d.get('ratio_nccl_1_vs_gloo_1') else when}: {ratio(nccl)}. "
+              f"Killed and restored on the GPU{when} (`{killed.get('fault', '–')}`): {audit.get('learned', 0):,} of "
+              f"{audit.get('produced', 0):,} learned; exactly-once audit: {passed(audit.get('passed'))}."]
     if d.get("gpu"):
         lines[-1] += f" GPU: {d['gpu']}."
     if d.get("rounds_done") is not None:
