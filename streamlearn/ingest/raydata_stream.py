@@ -48,7 +48,7 @@ from streamlearn.pipeline import Pipeline
 
 LANES = 2  # read tasks (Kafka consumers) in the Dataset by default (TrainConfig.read_lanes); each reads and decodes
 # whole partitions of every window
-LOOKAHEAD = 3
+LOOKAHEAD = 12
 POLL_S = 0.005  # how long a rank waits for a slice before the next completion count
 # No slice at all for this long while a window is incomplete: the pipeline stalled. The group
 # fails, and Ray Train restarts it from the last checkpoint (exactly once either way), where
@@ -72,7 +72,9 @@ class RayDataStream:
     read_lanes = LANES  # the planner cuts windows for the lanes, not the ranks (set per run in __init__)
     # Windows fed ahead of the one being learned. With one, every window waited out the whole
     # pipeline's latency (feed, read task, decode actor, split coordinator: ~0.5 s a window on
-    # two cores, measured) and training ran at 0.39x the direct path.
+    # two cores, measured) and training ran at 0.39x the direct path. The cost is per window and
+    # block, not per event (8 lanes were 6x slower than 2 on 16 cores): 3 ahead gave 0.41x direct
+    # with 2 workers here, 12 gave 0.66x, 32 about the same (2026-12-01, 3 runs each), so 12.
     lookahead = LOOKAHEAD
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
