@@ -105,7 +105,7 @@ class TrainConfig:
     # 2 fed 4 workers at 0.17x the direct path on a 16-core machine (docs/BENCHMARKS.md "GPU path").
     read_lanes: int = 2
     use_gpu: bool = False
-    sync: str = "window"  # issue 48: 2 workers 1.37x one with it, 0.82x with "step" (docs/BENCHMARKS.md)
+    sync: str = "window"  # issue 48: 2 workers 1.43x one with it, 0.84x with "step" (docs/BENCHMARKS.md)
     cpus_per_worker: float = 0.5
     batch_size: int = 256
     window_events: int = 8192  # most events one step of the window planner hands out
