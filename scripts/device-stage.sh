@@ -48,16 +48,14 @@ PY
         "${PLATFORMS[@]}" -d "$work/wheels" -r "$work/missing.txt"
     mkdir -p "$work/site"
     for wheel in "$work"/wheels/*.whl; do unzip -q -o "$wheel" -d "$work/site"; done
-    # Every shared object without its symbols: 13 MB less unpacked, what kept the carry under 64 MiB
-    # on 2026-11-30 (the tree had grown to 4.5 MB).
-    find "$work/site" -name "*.so*" -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
-    # Ray without what a benchmark never loads; its three large binaries without symbols.
+    # Ray without what a benchmark never loads; every shared object and Ray's two servers without
+    # symbols (13 MB less unpacked beyond Ray's: what kept the carry under 64 MiB on 2026-11-30).
     # The runtime-env agent's own copy of aiohttp and its kin goes too: ray[default] carries them
     # top-level, where the agent finds them (12 MB unpacked).
     rm -rf "$work"/site/ray/{jars,rllib,llm} "$work/site/ray/dashboard/client/build" \
         "$work/site/ray/_private/runtime_env/agent/thirdparty_files"
-    strip --strip-unneeded "$work/site/ray/_raylet.so" "$work/site/ray/core/src/ray/raylet/raylet" \
-        "$work/site/ray/core/src/ray/gcs/gcs_server"
+    find "$work/site" -name "*.so*" -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
+    strip --strip-unneeded "$work/site/ray/core/src/ray/raylet/raylet" "$work/site/ray/core/src/ray/gcs/gcs_server"
     tar cf - -C "$work/site" . | xz -9 -T0 > .dev/site.tar.xz
     # Java: a jlink runtime and the broker's jars stored uncompressed (xz then shrinks them by half).
     local jdk modules

@@ -26,6 +26,7 @@ cuts each partition's range into per-rank slices, which is not how an 8-worker j
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -139,9 +140,7 @@ def main() -> None:
         print(f"# killed and restored: fault fired {killed['fault_fired']}, exactly-once audit "
               f"{'passed' if killed['audit']['passed'] else 'FAILED'}", flush=True)
 
-    def one(bootstrap: str, events: int, home, name: str) -> dict:
-        return run_one(bootstrap, events, home, name, args.partitions)
-
+    one = functools.partial(run_one, partitions=args.partitions)
     alternating_rounds(args.events, args.runs, names, one, first=None if "kill" in skip else first,
                        each_round=lambda runs: report(args.events, runs, killed, args.runs, out, args.partitions),
                        partitions=args.partitions)

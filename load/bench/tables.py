@@ -465,7 +465,7 @@ def gpu(d: dict) -> str:
     killed = source.get("killed") or {}
     audit = killed.get("audit") or {}
     nccl = d.get("ratio_nccl_1_vs_gloo_1") or earlier.get("ratio_nccl_1_vs_gloo_1")
-    when = "" if source is d else f" (the earlier lease, {earlier['machine']['date']})"
+    when = "" if source is d else f" (the {earlier['machine']['date'].split()[0]} lease)"
     lines += ["", f"NCCL / gloo, 1 worker each{'' if d.get('ratio_nccl_1_vs_gloo_1') else when}: {ratio(nccl)}. "
               f"Killed and restored on the GPU{when} (`{killed.get('fault', '–')}`): {audit.get('learned', 0):,} of "
               f"{audit.get('produced', 0):,} learned; exactly-once audit: {passed(audit.get('passed'))}."]

@@ -55,7 +55,10 @@ from streamlearn.pipeline import Pipeline
 # On two cores it must leave the trainers their share: a fraction, never Ray's 1 CPU. The read
 # and the decode ask the same, so Ray Data fuses them into one task per lane (see `build`).
 LANE_CPUS = 0.25
-KEEP_WINDOWS = 32  # recent windows the feed keeps; a lane is at most the lookahead (12) behind it
+# Windows fed ahead of the one being learned (RayDataStream.lookahead), and the recent windows the
+# feed keeps: a lane is at most LOOKAHEAD behind the newest, the rest is margin.
+LOOKAHEAD = 12
+KEEP_WINDOWS = LOOKAHEAD + 20
 # A lane that has waited this long on Kafka asks whether its group still lives before waiting
 # on: a lane of a group that is gone (failed, resized away) ends instead of reading for minutes.
 LANE_FETCH_TIMEOUT_S = 20.0

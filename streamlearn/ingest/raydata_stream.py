@@ -48,7 +48,6 @@ from streamlearn.pipeline import Pipeline
 
 LANES = 2  # read tasks (Kafka consumers) in the Dataset by default (TrainConfig.read_lanes); each reads and decodes
 # whole partitions of every window
-LOOKAHEAD = 12
 POLL_S = 0.005  # how long a rank waits for a slice before the next completion count
 # No slice at all for this long while a window is incomplete: the pipeline stalled. The group
 # fails, and Ray Train restarts it from the last checkpoint (exactly once either way), where
@@ -75,7 +74,7 @@ class RayDataStream:
     # two cores, measured) and training ran at 0.39x the direct path. The cost is per window and
     # block, not per event (8 lanes were 6x slower than 2 on 16 cores): 3 ahead gave 0.41x direct
     # with 2 workers here, 12 gave 0.66x, 32 about the same (2026-12-01, 3 runs each), so 12.
-    lookahead = LOOKAHEAD
+    lookahead = source.LOOKAHEAD
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
                  rank: int, world: int, phases: Phases | None = None, rows_dir: Path | None = None,
@@ -328,8 +327,8 @@ class _LanesPast:
             self.asked = now
             state = self.stream.feed_state()
             lanes = (state or {}).get("lanes", {})
-            past = len(lanes) == self.stream.read_lanes and all(ask["after"] is not None and ask["after"] >= self.seq
-                                               for ask in lanes.values())
+            past = len(lanes) == self.stream.read_lanes and all(
+                ask["after"] is not None and ask["after"] >= self.seq for ask in lanes.values())
             self.since = (self.since or now) if past else None
         return now - max(self.since, progress) if self.since is not None else 0.0
 
