@@ -21,17 +21,21 @@ row of every checkpoint window (the ranks gather it into the checkpoint). A lane
 ran again would start from a stale state: it rereads a window already delivered, and the ranks
 refuse the duplicate rows, so the group restarts from its checkpoint instead.
 
-One window slice travels as ONE row (its messages as list columns on the way in, its
-feature matrix as bytes on the way out). Ray Data's read operator buffers a generator's
-output until a block exceeds `target_max_block_size` (128 MiB by default): a stream's small
-windows would never leave the read task. With the target at one byte every yielded row is a
-block of its own, and since a row is a whole slice nothing is ever cut smaller than that.
+A lane's slices travel as ONE row, one block: every window the feed already holds for the lane
+(up to WINDOWS_PER_BLOCK) is read and sent together, as a pickled list of per-slice dicts
+(`pack`/`unpack`: its messages on the way in, its feature matrix as bytes on the way out). Ray
+Data's read operator buffers a generator's output until a block exceeds `target_max_block_size`
+(128 MiB by default): a stream's small windows would never leave the read task. With the target
+at one byte every yielded row is a block of its own; a row being a whole pack, nothing is ever
+cut smaller. Ray Data's cost is per block, not per event (8 lanes were 6x slower than 2 on 16
+cores), so a lane behind a backlog sends several windows a block, and one at the stream's pace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import pickle
 import time
 import zlib
 from pathlib import Path
@@ -59,6 +63,10 @@ LANE_CPUS = 0.25
 # feed keeps: a lane is at most LOOKAHEAD behind the newest, the rest is margin.
 LOOKAHEAD = 12
 KEEP_WINDOWS = LOOKAHEAD + 20
+# The most windows a lane reads and sends as one block: those the feed already holds, never
+# waiting for more (at the stream's pace a block is one window, as before). A third of the
+# look-ahead, so a block in flight leaves the lane two more to read while the ranks learn it.
+WINDOWS_PER_BLOCK = 4
 # A lane that has waited this long on Kafka asks whether its group still lives before waiting
 # on: a lane of a group that is gone (failed, resized away) ends instead of reading for minutes.
 LANE_FETCH_TIMEOUT_S = 20.0
@@ -94,24 +102,27 @@ class WindowFeed:
                 del self._windows[seq]
             self._changed.notify_all()
 
-    @ray.method(enable_task_events=False)  # per window and lane
-    async def next(self, after: int | None, timeout_s: float = 1.0, lane: int = -1) -> Window | None:
-        """The window after seq `after` (the group's first, window 0, for None); None if none came
-        in time. Never "the oldest held": Ray runs an async actor's calls out of order, so rank 0's
-        puts of windows 0, 1, 2 may land 1 first, and lanes that started at the oldest then began
-        at window 1 and never read window 0 ("Ray Data lost its slices", issue 47: the ingest
+    @ray.method(enable_task_events=False)  # per block and lane
+    async def take(self, after: int | None, most: int = 1, timeout_s: float = 1.0, lane: int = -1) -> list[Window]:
+        """The window after seq `after` (the group's first, window 0, for None) and those held
+        right after it, `most` in all; [] if none came in time. Waits for the first only. Never
+        "the oldest held": Ray runs an async actor's calls out of order, so rank 0's puts of
+        windows 0, 1, 2 may land 1 first, and lanes that started at the oldest then began at
+        window 1 and never read window 0 ("Ray Data lost its slices", issue 47: the ingest
         benchmark's Ray Data runs after other runs, when the feed's process started cold)."""
         self._asks[lane] = (after, time.time())
-
-        def ready() -> Window | None:
-            return self._windows.get(0 if after is None else after + 1)
-
+        first = 0 if after is None else after + 1
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: ready() is not None), timeout_s)
+                await asyncio.wait_for(self._changed.wait_for(lambda: first in self._windows), timeout_s)
             except TimeoutError:
-                return None
-            return ready()
+                return []
+            out = []
+            while len(out) < most and (window := self._windows.get(first + len(out))) is not None:
+                out.append(window)
+                if window.stop:
+                    break
+            return out
 
     async def state(self) -> dict:
         """What a stalled group reports: the windows held, and where each lane last asked and when
@@ -139,26 +150,24 @@ def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: in
     try:
         while True:
             try:
-                window = ray.get(feed.next.remote(seq, lane=lane))
+                windows = ray.get(feed.take.remote(seq, WINDOWS_PER_BLOCK, lane=lane))
             except ray.exceptions.RayActorError:
                 return
-            if window is None:
-                continue
-            seq = window.seq
-            ranges = window.slice_for(lane, lanes)  # the planner plans for `lanes` readers
-            if ranges:
-                started = time.perf_counter()
-                messages = _read(reader, ranges, feed)
-                if messages is None:
-                    return
-                yield pa.table({
-                    "window": [seq], "lane": [lane],
-                    "partition": pa.array([[m.partition() for m in messages]], pa.list_(pa.int32())),
-                    "offset": pa.array([[m.offset() for m in messages]], pa.list_(pa.int64())),
-                    "value": pa.array([[m.value() for m in messages]], pa.list_(pa.binary())),
-                    "read_s": [time.perf_counter() - started],
-                })
-            if window.stop:
+            slices = []
+            for window in windows:
+                seq = window.seq
+                ranges = window.slice_for(lane, lanes)  # the planner plans for `lanes` readers
+                if ranges:
+                    started = time.perf_counter()
+                    messages = _read(reader, ranges, feed)
+                    if messages is None:
+                        return
+                    slices.append({"window": seq, "partition": [m.partition() for m in messages],
+                                   "offset": [m.offset() for m in messages], "value": [m.value() for m in messages],
+                                   "read_s": time.perf_counter() - started})
+            if slices:
+                yield pack(slices)
+            if windows and windows[-1].stop:
                 return
     finally:
         reader.close()
@@ -181,25 +190,26 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
     try:
         while True:
             try:
-                window = ray.get(feed.next.remote(seq, lane=lane))
-                if window is not None and seq is None:  # first: the checkpoint's state of this lane's partitions
+                windows = ray.get(feed.take.remote(seq, WINDOWS_PER_BLOCK, lane=lane))
+                if windows and seq is None:  # first: the checkpoint's state of this lane's partitions
                     join.restore(ray.get(feed.join_state.remote()), lambda p: p % lanes == lane)
             except ray.exceptions.RayActorError:
                 return
-            if window is None:
-                continue
-            seq = window.seq
-            started = time.perf_counter()
-            messages = _read(events, window.slice_for(lane, lanes), feed)
-            label_messages = _read(labels, window.label_slice_for(lane, lanes), feed)
-            if messages is None or label_messages is None:
-                return
-            read_s = time.perf_counter() - started
-            batch = join.batch(pipeline, window, decode_events(pipeline, messages), label_messages)
-            row = _decoded_row(seq, batch, len(messages) + len(label_messages) + 1, read_s,
-                               time.perf_counter() - started - read_s)
-            yield pa.Table.from_pylist([row], schema=DECODED)
-            if window.stop:
+            rows = []
+            for window in windows:
+                seq = window.seq
+                started = time.perf_counter()
+                messages = _read(events, window.slice_for(lane, lanes), feed)
+                label_messages = _read(labels, window.label_slice_for(lane, lanes), feed)
+                if messages is None or label_messages is None:
+                    return
+                read_s = time.perf_counter() - started
+                batch = join.batch(pipeline, window, decode_events(pipeline, messages), label_messages)
+                rows.append(_decoded_row(seq, batch, len(messages) + len(label_messages) + 1, read_s,
+                                         time.perf_counter() - started - read_s))
+            if rows:
+                yield pack(rows)
+            if windows and windows[-1].stop:
                 return
     finally:
         events.close()
@@ -246,36 +256,52 @@ class KafkaWindows(ray.data.Datasource):
                 with heap.quiet_while_streaming():
                     for piece in read_lane(settings, topic, group_id, feed, lane, self.lanes, pipeline=pipeline):
                         yield piece
-                        faults.point("ray_data_lane_dies")  # only where a test aimed it
+                        for _ in piece.column("windows")[0].values:  # a slice at a time, however packed
+                            faults.point("ray_data_lane_dies")  # only where a test aimed it
             return stream
 
         meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
         return [ray.data.ReadTask(task(lane), meta) for lane in range(self.lanes)]
 
 
-def decode(slices: pa.Table, pipeline: Pipeline) -> pa.Table:
+def decode(packs: pa.Table, pipeline: Pipeline) -> pa.Table:
     """The decode stage, run in the lane that read the slices: parse, validate, featurize and
     fingerprint. Bad events travel on with their bytes and reason; the rank that learns their
     window writes them to the dead-letter topic, in window order, as the direct path does.
     Written here, a stage running windows ahead of training, retried by Ray Data, or outliving a
     killed group by a moment wrote one dead letter twice in 1,185 under two worker kills (CI)."""
     out = []
-    for row in slices.to_pylist():
-        started = time.perf_counter()
-        values = row["value"]
-        events, kept, bad = pipeline.schema.decode_many(values)
-        x, y, kept, bad = featurize(pipeline, events, kept, bad)
-        crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
-        dead = [(Message(row["partition"][i], row["offset"][i], values[i]), reason) for i, reason in sorted(bad)]
-        batch = Batch(None, x, y, crcs, dead)
-        out.append(_decoded_row(row["window"], batch, len(values), row["read_s"], time.perf_counter() - started))
-    return pa.Table.from_pylist(out, schema=DECODED)
+    for slices in [unpack(packs[i:i + 1]) for i in range(packs.num_rows)]:
+        rows = []
+        for row in slices:
+            started = time.perf_counter()
+            values = row["value"]
+            events, kept, bad = pipeline.schema.decode_many(values)
+            x, y, kept, bad = featurize(pipeline, events, kept, bad)
+            crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
+            dead = [(Message(row["partition"][i], row["offset"][i], values[i]), reason) for i, reason in sorted(bad)]
+            batch = Batch(None, x, y, crcs, dead)
+            rows.append(_decoded_row(row["window"], batch, len(values), row["read_s"], time.perf_counter() - started))
+        out.append(pack(rows))
+    return pa.concat_tables(out) if out else packs
+
+
+def pack(rows: list[dict]) -> pa.Table:
+    """A lane's slices (plain dicts) as one Arrow row: the block that carries them to a rank."""
+    return pa.table({"windows": pa.array([[r["window"] for r in rows]], pa.list_(pa.int64())),
+                     "pack": pa.array([pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)], pa.large_binary())})
+
+
+def unpack(table: pa.Table) -> list[dict]:
+    """Every slice the table's packs carry, in the order they were packed."""
+    return [row for blob in table.column("pack").to_pylist() for row in pickle.loads(blob)]
 
 
 def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: float) -> dict:
-    """One slice as a DECODED row: matrices as bytes, dead letters by coordinates and reason,
-    and with joined labels the labels dead-lettered, the events expired or learned unlabelled and, at a checkpoint
-    window, the lane's join state (an .npz; empty bytes between checkpoints)."""
+    """One decoded slice, as a rank receives it: matrices as raw bytes (the rank rebuilds them with
+    np.frombuffer), dead letters by coordinates and reason, and with joined labels the labels
+    dead-lettered, the events expired or learned unlabelled and, at a checkpoint window, the
+    lane's join state (an .npz; empty bytes between checkpoints)."""
     x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
     join = b""
     if batch.join_delta is not None:
@@ -297,25 +323,11 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
 
 
 def read_join_state(row: dict) -> dict[str, np.ndarray] | None:
-    """The join state a DECODED row carries (a checkpoint window's), or None."""
+    """The join state a decoded slice carries (a checkpoint window's), or None."""
     if not row["join"]:  # np.savez writes a zip even of no arrays: empty bytes means none
         return None
     with np.load(io.BytesIO(row["join"])) as arrays:
         return {name: arrays[name] for name in arrays.files}
-
-
-# One decoded window slice: its matrices as raw bytes (the rank rebuilds them with np.frombuffer;
-# Arrow tensor columns cost a conversion each way), its dead letters by coordinates and reason.
-DECODED = pa.schema([("window", pa.int64()), ("rows", pa.int64()), ("x", pa.large_binary()),
-                     ("x_dtype", pa.string()), ("y", pa.large_binary()), ("y_dtype", pa.string()),
-                     ("crc", pa.large_binary()), ("bad_partition", pa.list_(pa.int32())),
-                     ("bad_offset", pa.list_(pa.int64())), ("bad_reason", pa.list_(pa.string())),
-                     ("bad_value", pa.list_(pa.binary())),
-                     ("bad_label_partition", pa.list_(pa.int32())), ("bad_label_offset", pa.list_(pa.int64())),
-                     ("bad_label_reason", pa.list_(pa.string())), ("bad_label_value", pa.list_(pa.binary())),
-                     ("expired", pa.int64()), ("defaulted", pa.int64()), ("ignored", pa.int64()),
-                     ("join", pa.large_binary()), ("matured", pa.large_binary()), ("matured_age_s", pa.float64()),
-                     ("read_s", pa.float64()), ("decode_s", pa.float64())])
 
 
 def reserve_lanes(name: str, lanes: int) -> PlacementGroup:

@@ -251,7 +251,7 @@ class RayDataStream:
                 said = _ANSI.sub("", str(item))  # Ray colours its task errors for a terminal
                 raise IngestError(f"Ray Data stream failed: {type(item).__name__}: {said[:500]}") from item
             else:
-                rows.extend(item.to_pylist())
+                rows.extend(source.unpack(item))
         return rows
 
     def _batch(self, window: Window, rows: list[dict]) -> Batch:
@@ -344,7 +344,7 @@ class _Pending:
 
 
 def _dead(row: dict, prefix: str) -> list[tuple[Message, str]]:
-    """A DECODED row's dead letters of one kind ("bad": events, "bad_label": labels)."""
+    """A decoded slice's dead letters of one kind ("bad": events, "bad_label": labels)."""
     columns = (row[f"{prefix}_partition"], row[f"{prefix}_offset"], row[f"{prefix}_reason"], row[f"{prefix}_value"])
     return [(Message(p, o, value), reason) for p, o, reason, value in zip(*columns, strict=True)]
 

@@ -36,7 +36,8 @@ CASES = {
     "before_checkpoint_write@rank0#2": "before the checkpoint write",
     # Rank 1's dead letters sent but not flushed: a replay must not write any of them twice.
     "before_dead_letter_flush@rank1#2": "before the dead-letter flush",
-    # Ray Data only: a slice of a window never reaches a rank, as twice in the wild (DECISIONS §1).
+    # Ray Data only: a block (a lane's slices of one or more windows) never reaches a rank, as twice
+    # in the wild (DECISIONS §1).
     # Every lane reads on past the window; rank 0 must call it lost (LOST_S, not the two-minute
     # stall limit), and the restarted group relearn the window's events once.
     "ray_data_slice_lost@rank1#3": "a Ray Data slice lost",

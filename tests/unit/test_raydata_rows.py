@@ -1,5 +1,5 @@
-"""What a Ray Data lane hands the ranks (streamlearn/ingest/raydata_source.py): one window slice
-as one Arrow row, and back, with everything the exactly-once bookkeeping needs: the rows to
+"""What a Ray Data lane hands the ranks (streamlearn/ingest/raydata_source.py): its window slices
+packed into one Arrow row, and back, with everything the exactly-once bookkeeping needs: the rows to
 learn, their fingerprints, both kinds of dead letters and, with joined labels, the events
 expired and at a checkpoint window the lane's join state."""
 
@@ -16,7 +16,14 @@ from streamlearn.ingest.windows import Window
 
 
 def _through_arrow(row: dict) -> dict:
-    return pa.Table.from_pylist([row], schema=source.DECODED).to_pylist()[0]
+    return source.unpack(pa.concat_tables([source.pack([row])]))[0]
+
+
+def test_a_lane_s_slices_travel_as_one_row_in_their_order():
+    rows = [{"window": seq, "x": bytes([seq]) * 3} for seq in (4, 5, 6)]
+    table = source.pack(rows)
+    assert table.num_rows == 1 and table.column("windows").to_pylist() == [[4, 5, 6]]
+    assert source.unpack(pa.concat_tables([table, source.pack(rows[:1])])) == rows + rows[:1]
 
 
 def test_a_joined_checkpoint_slice_survives_the_trip_whole():

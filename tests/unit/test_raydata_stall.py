@@ -12,16 +12,9 @@ import pytest
 
 from streamlearn.errors import IngestError
 from streamlearn.ingest import raydata_stream
+from streamlearn.ingest.raydata_source import pack
 from streamlearn.ingest.raydata_stream import RayDataStream
 from streamlearn.ingest.windows import Window
-
-
-class _Table:
-    def __init__(self, rows):
-        self.rows = rows
-
-    def to_pylist(self):
-        return self.rows
 
 
 def _stream() -> RayDataStream:
@@ -34,7 +27,7 @@ def _stream() -> RayDataStream:
 def test_a_window_waiting_half_the_stall_limit_is_logged_before_the_group_fails(monkeypatch, capsys):
     monkeypatch.setattr(raydata_stream, "STALL_S", 0.4)
     stream, window = _stream(), Window(seq=1, ranges={0: (0, 5)})
-    stream._queue.put(_Table([{"window": 1, "rows": 3}]))
+    stream._queue.put(pack([{"window": 1, "rows": 3}]))
     stream._stash[2] = [{"window": 2, "rows": 1}]
     with pytest.raises(IngestError):
         stream._rows_of(window)
@@ -47,7 +40,7 @@ def test_a_window_waiting_half_the_stall_limit_is_logged_before_the_group_fails(
 def test_a_window_missing_rows_with_no_slice_coming_fails_after_the_stall_limit(monkeypatch):
     monkeypatch.setattr(raydata_stream, "STALL_S", 0.3)
     stream, window = _stream(), Window(seq=1, ranges={0: (0, 5)})
-    stream._queue.put(_Table([{"window": 1, "rows": 3}]))  # 2 rows of the window never come
+    stream._queue.put(pack([{"window": 1, "rows": 3}]))  # 2 rows of the window never come
     started = time.monotonic()
     with pytest.raises(IngestError, match="3 of its 5 rows arrived and no slice came"):
         stream._rows_of(window)
@@ -61,7 +54,7 @@ def test_slices_that_keep_coming_are_waited_for(monkeypatch):
     def trickle():  # one row every 0.3 s: slower than nothing, never 0.5 s without a slice
         for _ in range(4):
             time.sleep(0.3)
-            stream._queue.put(_Table([{"window": 1, "rows": 1}]))
+            stream._queue.put(pack([{"window": 1, "rows": 1}]))
 
     threading.Thread(target=trickle, daemon=True).start()
     assert sum(r["rows"] for r in stream._rows_of(window)) == 4
@@ -86,7 +79,7 @@ def test_a_window_every_lane_read_past_fails_long_before_the_stall_limit(monkeyp
     monkeypatch.setattr(raydata_stream, "LOST_CHECK_S", 0.1)
     stream, window = _stream(), Window(seq=0, ranges={0: (0, 5)})
     asks = _fed(stream, _lanes(2, 1))  # both lanes past window 0
-    stream._queue.put(_Table([{"window": 1, "rows": 5}]))  # a later window came; window 0 never will
+    stream._queue.put(pack([{"window": 1, "rows": 5}]))  # a later window came; window 0 never will
     started = time.monotonic()
     with pytest.raises(IngestError, match="every read lane read past it .* Ray Data lost its slices"):
         stream._rows_of(window)
