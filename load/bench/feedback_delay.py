@@ -91,7 +91,12 @@ def checkpoint_size(run_dir: Path) -> dict:
     meta = json.loads((newest / "meta.json").read_text())
     counters = meta.get("counters", {})
     # Every learned row past the events' own (each learned once as legitimate) is a report applied.
-    return {"bytes": sum(files.values()), "join_npz_bytes": files.get("join.npz", 0), "counters": counters,
+    # The gate's evidence (train/evidence.py) is the events matured since the checkpoint before,
+    # at most its cap: its size follows when the last checkpoint fell, not the delay. The state
+    # that could grow with the delay is the rest (the model, its optimizer, the join state).
+    evidence = files.get("evidence.npz", 0)
+    return {"bytes": sum(files.values()), "state_bytes": sum(files.values()) - evidence, "evidence_bytes": evidence,
+            "files": files, "join_npz_bytes": files.get("join.npz", 0), "counters": counters,
             "reports_applied": counters.get("learned", 0) - counters.get("defaulted", 0)}
 
 
@@ -184,22 +189,26 @@ def profile(args: argparse.Namespace) -> None:
 
 
 NOTES = ("What the figures say. Memory: the worker's RSS is flat from its first seconds and the same at either "
-         "delay, and the checkpoint is the same size: no event waits, the features of the events learned are on "
-         "disk (streamlearn/ingest/rowstore.py, read with pread, so not in the RSS), and the state is the reported "
-         "offsets. Speed: each chargeback's event is one row read from the rank's own store, checked by offset and "
-         "id; the price is writing every learned event's row (256 bytes, one write per partition a window) and "
-         "the disk, which grows with the events topic's retention, not with the delay. The re-read contender "
-         "shows what the store replaced: a seek and a fetch of Kafka per chargeback, about 16 a 1,000 events at "
-         "the generator's fraud rate, more than learning the 1,000 events. These topics are read as a catch-up "
-         "(both produced before the run): the planner takes the reports' backlog at the events' pace, which puts a "
-         "report a median delay ahead of its event; such a report waits for the window that learns its event "
-         "(held in the checkpoint's join state), where the first version of the store missed and re-read it.\n")
+         "delay, and so is the checkpoint but for the gate's evidence (the events matured since the checkpoint "
+         "before, at most its cap: its size follows where the run's last checkpoint fell): no event waits, the "
+         "features of the events learned are on disk (streamlearn/ingest/rowstore.py, read with pread, so not in "
+         "the RSS), and the state is the reported offsets. Speed: each chargeback's event is one row read from the"
+         " rank's own store, checked by offset and id; the price is writing every learned event's row (256 bytes, "
+         "one write per partition a window) and the disk, which grows with the events topic's retention, not with "
+         "the delay. The re-read contender shows what the store replaced: a seek and a fetch of Kafka per "
+         "chargeback, about 16 a 1,000 events at the generator's fraud rate, more than learning the 1,000 events. "
+         "These topics are read as a catch-up (both produced before the run): the planner takes the reports' "
+         "backlog at the events' pace, which puts a report a median delay ahead of its event; such a report waits "
+         "for the window that learns its event (held in the checkpoint's join state), where the first version of "
+         "the store missed and re-read it.\n")
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
     med = {name: {"rss_peak_mib": statistics.median(r["rss_peak_mib"] for r in rs),
                   "rss_median_mib": statistics.median(r["rss_median_mib"] for r in rs),
                   "checkpoint_bytes": statistics.median(r["checkpoint"]["bytes"] for r in rs),
+                  "state_bytes": statistics.median(r["checkpoint"]["state_bytes"] for r in rs),
+                  "evidence_bytes": statistics.median(r["checkpoint"]["evidence_bytes"] for r in rs),
                   "join_npz_bytes": statistics.median(r["checkpoint"]["join_npz_bytes"] for r in rs),
                   "reports_applied": statistics.median(r["checkpoint"]["reports_applied"] for r in rs),
                   "events_per_s": statistics.median(r["events_per_s"] for r in rs),

@@ -597,12 +597,15 @@ def feedback_delay(d: dict) -> str:
     longest = f"{d['delays_days'][-1]}d"
     rows = [[f"`{name}`", num(m["events_per_s"]), ratio(d["vs_inline"][name]),
              num(m["rss_peak_mib"], ",.0f", " MiB"), num(m["rss_median_mib"], ",.0f", " MiB"),
-             num(m["checkpoint_bytes"], ",.0f"), num(m["join_npz_bytes"], ",.0f") if name != "inline" else "",
+             num(m.get("state_bytes", m["checkpoint_bytes"]), ",.0f"),
+             num(m["evidence_bytes"], ",.0f") if "evidence_bytes" in m else "",
+             num(m["join_npz_bytes"], ",.0f") if name != "inline" else "",
              num(m["rows_disk_bytes"] / 2**20, ",.0f", " MiB") if m.get("rows_disk_bytes") else "",
              num(m["reports_applied"]) if name != "inline" else ""]
             for name, m in d["medians"].items()]
     lines = table(["labels", "learned events/s", "÷ inline", "worker RSS, peak", "worker RSS, median",
-                   "checkpoint bytes", "join.npz bytes", "row store on disk", "chargebacks applied"], rows)
+                   "checkpoint bytes, but the gate's evidence", "evidence.npz bytes", "join.npz bytes",
+                   "row store on disk", "chargebacks applied"], rows)
     lines += ["", f"{d['events']:,} events ({d['days']:g} simulated days), 1 worker; medians of {d['runs']} runs. "
               f"RSS at {longest} ÷ at {d['delays_days'][0]}d: peak {ratio(d['rss_peak_ratio'])} (within "
               f"{d['bar']:.0%}: {met(d['met'])}), median {ratio(d.get('rss_median_ratio'))} "

@@ -39,6 +39,7 @@ import bisect
 import heapq
 import time
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -230,7 +231,7 @@ class ReportFeedback:
         partitions, offsets = positions(events.messages)
         kept = np.asarray(events.kept, np.int64)
         key = self.spec.key
-        ids = row_ids([e[key] for e in events.events])
+        ids = row_ids(list(map(itemgetter(key), events.events)))
         self.rows.add(partitions[kept], offsets[kept], ids, events.crcs, events.x)
         for p in np.unique(partitions).tolist():  # retention, asked once a minute: files below it go
             if self.maturing is not None:  # where the partition's learned events end, and when

@@ -97,15 +97,17 @@ class Learner:
     def steps(self, window: Shuffled) -> tuple[float, int]:
         """Step s learns rows [ends[s-1], ends[s]) of the shuffled window."""
         model, optimizer, pipeline, phases = self.model, self.optimizer, self.pipeline, self.phases
+        fake_negatives = self.fake_negatives
         loss_sum, learned_fp, start = 0.0, 0, 0
         for end, total in zip(window.ends, window.totals, strict=True):
             rows, y_rows = window.features[start:end], window.targets[start:end]
             x, y = rows.to(self.device), y_rows.to(self.device)
             with phases("forward"):
                 output = model(x)
+                scores = pipeline.score(output.detach())  # once a step: FNW's p and the metrics' score
                 per_event = pipeline.loss(output, y)
-                if self.fake_negatives:  # delayed feedback: each reported event is also in as a fake negative
-                    per_event = per_event * fake_negative_weights(pipeline.score(output), y)
+                if fake_negatives:  # delayed feedback: each reported event is also in as a fake negative
+                    per_event = per_event * fake_negative_weights(scores, y)
                 # Sum, scaled so DDP's mean over ranks equals the mean over the global batch,
                 # however unevenly the window split (an empty rank still joins the allreduce).
                 loss = per_event.sum() * (window.world / max(total, 1))  # a rank's own empty step: 0
@@ -119,7 +121,7 @@ class Learner:
                 # Into the fingerprint only once the step that used them is taken: a row trained
                 # twice, or skipped, shows in the lineage's fingerprint.
                 learned_fp += int(window.crcs[start:end].sum(dtype=np.uint64))
-                self.recent.observe(pipeline.score(output.detach()).cpu().numpy(), y_rows.numpy(), rows.numpy)
+                self.recent.observe(scores.cpu().numpy(), y_rows.numpy(), rows.numpy)
                 loss_sum += float(per_event.detach().sum())
             start = end
         return loss_sum, learned_fp % FINGERPRINT_MOD
