@@ -146,13 +146,8 @@ def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: in
         yield from _joined_lane(settings, topic, group_id, feed, lane, lanes, fetch_timeout_s, pipeline)
         return
     reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
-    seq = None
     try:
-        while True:
-            try:
-                windows = ray.get(feed.take.remote(seq, WINDOWS_PER_BLOCK, lane=lane))
-            except ray.exceptions.RayActorError:
-                return
+        for windows in _taken(feed, lane):
             slices = []
             for window in windows:
                 seq = window.seq
@@ -167,10 +162,28 @@ def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: in
                                    "read_s": time.perf_counter() - started})
             if slices:
                 yield pack(slices)
-            if windows and windows[-1].stop:
-                return
     finally:
         reader.close()
+
+
+def _taken(feed, lane: int, first=None):
+    """The windows the feed hands this lane, a block's worth at a time (`WindowFeed.take`), up to
+    the window that stops the run; ends once the group is gone. `first()`, if given, runs before
+    the first block is handed on (the joined lane's restore), its loss of the feed an end too."""
+    seq = None
+    while True:
+        try:
+            windows = ray.get(feed.take.remote(seq, WINDOWS_PER_BLOCK, lane=lane))
+            if windows and seq is None and first is not None:
+                first()
+        except ray.exceptions.RayActorError:
+            return
+        if not windows:
+            continue  # none came in time: ask again
+        seq = windows[-1].seq
+        yield windows
+        if windows[-1].stop:
+            return
 
 
 def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int,
@@ -186,15 +199,12 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
     events = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
     labels = RangeReader(settings, topic + spec.suffix, group_id, fetch_timeout_s=fetch_timeout_s)
     join = make_join(pipeline, settings, topic, group_id, len(events.partitions()), rows_dir)
-    seq = None
+
+    def restore() -> None:  # before the first block: the checkpoint's state of this lane's partitions
+        join.restore(ray.get(feed.join_state.remote()), lambda p: p % lanes == lane)
+
     try:
-        while True:
-            try:
-                windows = ray.get(feed.take.remote(seq, WINDOWS_PER_BLOCK, lane=lane))
-                if windows and seq is None:  # first: the checkpoint's state of this lane's partitions
-                    join.restore(ray.get(feed.join_state.remote()), lambda p: p % lanes == lane)
-            except ray.exceptions.RayActorError:
-                return
+        for windows in _taken(feed, lane, first=restore):
             rows = []
             for window in windows:
                 seq = window.seq
@@ -209,8 +219,6 @@ def _joined_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane:
                                          time.perf_counter() - started - read_s))
             if rows:
                 yield pack(rows)
-            if windows and windows[-1].stop:
-                return
     finally:
         events.close()
         labels.close()
