@@ -46,7 +46,18 @@ def server(request, tmp_path_factory):
     write_checkpoint(cfg.run_dir, 1)
     serve = uvicorn_server if request.param == "uvicorn" else serve_deployment
     with serve(cfg, request) as url, httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S) as client:
+        wait_until_serving(client)
         yield client
+
+
+def wait_until_serving(client: httpx.Client, timeout_s: float = 30.0) -> None:
+    """Until the checkpoint is swapped in: the scorer approves it at once and swaps it a moment
+    later, and until then /score answers 503 "no model yet", rightly (a fresh-clone run once
+    fuzzed uvicorn's first request 4 ms before its swap)."""
+    deadline = time.monotonic() + timeout_s
+    while (health := client.get("/healthz").json()).get("version") != 1:
+        assert time.monotonic() < deadline, f"no model served within {timeout_s:.0f} s: {health}"
+        time.sleep(0.1)
 
 
 @contextmanager
