@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from streamlearn import faults, heap
 from streamlearn.collectives import broadcast, exchange
-from streamlearn.config import KafkaSettings, TrainConfig
+from streamlearn.config import TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.ingest.decode import Batch, feature_width
 from streamlearn.ingest.rowstore import ROWS_DIR
@@ -45,6 +45,7 @@ from streamlearn.train.averaging import same_start
 from streamlearn.train.coordinator import Coordinator, await_handover
 from streamlearn.train.drift import Alarm, Watch, for_pipeline
 from streamlearn.train.evidence import EvidenceSampler
+from streamlearn.train.inputs import WorkerInputs
 from streamlearn.train.learner import Learner
 from streamlearn.train.lineage import Counters, Lineage
 from streamlearn.train.writer import CheckpointWriter, Reporter
@@ -54,20 +55,6 @@ GIL_SWITCH_S = 0.0005
 # this // checkpoint_every_s: this far apart at most (checkpoints by step count come sooner).
 # Each report is a barrier across ranks, and our own checkpoints already carry every version's.
 REPORT_EVERY_S = 10.0
-
-
-@dataclass(frozen=True)
-class WorkerInputs:
-    """What the driver hands every worker of a group (train/trainer.py)."""
-
-    train: TrainConfig
-    kafka: KafkaSettings
-    controller: Any = None  # the run's ScaleController handle; None: a fixed size (tests)
-    gen: int = 0  # which group of the run: a resize's next group is gen + 1
-    warm: bool = False  # started beside the running group: wait for its hand-over first
-    consumed_at_start: int = 0  # what earlier groups consumed, against --max-events
-    started_at: float | None = None  # when `streamlearn train` started (wall clock)
-    fault: str = ""  # an aimed fault to arm (streamlearn/faults.py; tests only)
 
 
 def train_loop_per_worker(config: dict) -> None:

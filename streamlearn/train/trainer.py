@@ -32,11 +32,12 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
     """One group's Ray Train run. `gen` numbers the run's groups; a `warm` group's workers wait
     for the group they replace to stop before restoring (see streamlearn/autoscale/handover.py)."""
     import ray.train
-    from ray.train.torch import TorchConfig
 
     from streamlearn.train.failures import DeathRecord
-    from streamlearn.train.loop import WorkerInputs, train_loop_per_worker
+    from streamlearn.train.inputs import WorkerInputs
+    from streamlearn.train.loop import train_loop_per_worker
     from streamlearn.train.preload import WORKER_RUNTIME_ENV, EnvReport
+    from streamlearn.train.process_group import TorchGroup
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     return _trainer_class()(
@@ -45,7 +46,8 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
                                                   started_at or time.time(), faults.spec_from_env())},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),
+        # Not Ray's TorchConfig: its module imports torch into Train's controller (process_group.py).
+        torch_config=TorchGroup(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),
         run_config=ray.train.RunConfig(
             # Ray Train's own bookkeeping (run snapshots, metrics) apart from the lineage's
             # checkpoints, which are ours (checkpoint.publish) and restored by the loop itself.
