@@ -16,8 +16,6 @@ from dataclasses import dataclass
 import ray
 from ray.train.backend import Backend, BackendConfig
 
-SHUTDOWN_TIMEOUT_S = 30  # Ray's own default for a process group's shutdown
-
 
 @dataclass
 class TorchGroup(BackendConfig):
@@ -56,11 +54,17 @@ class _Backend(Backend):
                  for rank in range(len(worker_group))])
 
     def on_shutdown(self, worker_group, backend_config: TorchGroup):
+        from ray._private.ray_constants import env_integer
         from ray.exceptions import GetTimeoutError
+        from ray.train.constants import (
+            DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+            TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+        )
 
-        try:
+        try:  # Ray's own shutdown timeout, its environment variable honoured as Ray's backend does
             ray.get(worker_group.execute_async(_shutdown, destroy_process_group=len(worker_group) > 1),
-                    timeout=SHUTDOWN_TIMEOUT_S)
+                    timeout=env_integer(TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+                                        DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S))
         except GetTimeoutError:
             pass  # a worker stuck in a collective: the group's processes are killed next anyway
 

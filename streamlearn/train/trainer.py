@@ -47,7 +47,7 @@ def build_trainer(cfg: TrainConfig, kafka: KafkaSettings, controller=None, *, ge
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         # Not Ray's TorchConfig: its module imports torch into Train's controller (process_group.py).
-        torch_config=TorchGroup(backend="nccl" if cfg.use_gpu else "gloo", timeout_s=1800),
+        torch_config=TorchGroup(backend="nccl" if cfg.use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             # Ray Train's own bookkeeping (run snapshots, metrics) apart from the lineage's
             # checkpoints, which are ours (checkpoint.publish) and restored by the loop itself.
