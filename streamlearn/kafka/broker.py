@@ -8,6 +8,7 @@ lives in a persistent directory, so a restarted broker still has every event.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -288,7 +290,7 @@ class EmbeddedKafka:
     def _format_storage(self, classpath: str, props: Path) -> None:
         if (self.data_dir / "data" / "meta.properties").exists():
             return  # formatted before: keep its data
-        cluster_id = self.cluster_id or new_cluster_id(classpath)
+        cluster_id = self.cluster_id or new_cluster_id()
         users = secure.scram_format_args(self.security, self.tls_dir) if self.security else []
         # Alone, the broker is a quorum of one (--standalone); a cluster's quorum is in its properties.
         alone = ["--standalone"] if self.quorum is None else []
@@ -339,8 +341,7 @@ class KafkaCluster:
         """Start every node not serving (idempotent), then wait until each one serves."""
         todo = [node for node in self.nodes if not (node.pid() and node._serving(1.0))]
         if todo:
-            classpath = f"{fetch_jars(self.version)}/*"
-            cluster_id = None if self._formatted() else new_cluster_id(classpath)
+            cluster_id = None if self._formatted() else new_cluster_id()
             self.data_dir.mkdir(parents=True, exist_ok=True)
             (self.data_dir / "cluster.json").write_text(json.dumps(
                 {"nodes": [[n.port for n in self.nodes], [n.controller_port for n in self.nodes]]}))
@@ -360,12 +361,19 @@ class KafkaCluster:
 
 
 def _storage_tool(classpath: str) -> list[str]:
-    return ["java", "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool"]
+    # A run of a second or so: the C1 compiler alone and the serial collector start it with ~25 %
+    # less CPU (1.7 -> 1.3 CPU-s a format, measured here) than the JVM's server defaults.
+    return ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", classpath,
+            "kafka.tools.StorageTool"]
 
 
-def new_cluster_id(classpath: str) -> str:
-    return subprocess.run([*_storage_tool(classpath), "random-uuid"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+def new_cluster_id() -> str:
+    """What `kafka-storage random-uuid` prints, without starting a JVM for it (~1.2 CPU-s): Kafka's
+    Uuid.randomUuid, a random UUID as unpadded URL-safe base64, never one that starts with "-"."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def _replication(replicas: int) -> list[str]:
