@@ -152,14 +152,15 @@ def _submit(jobs, entrypoint: str, patience_s: float = 60.0) -> str:
             time.sleep(1.0)
 
 
-def start_ray(dashboard_port: int, prometheus_dir: Path, object_store_mb: int = 300):
+def start_ray(dashboard_port: int, prometheus_dir: Path, object_store_mb: int = 300,
+              scrape_interval_s: float | None = None):
     """The demo's Ray, also the integration tests' session cluster, so what the banner tells the
     user is tested on the demo's kind of head (token auth on: Ray 2.60's default for a new local
     head while RAY_AUTH_MODE is unset). Prometheus starts first: the dashboard reads its URL once,
     at start. Logical CPUs exceed the 2 real cores on purpose: every actor and worker asks for a
     fraction, and the sum must fit the logical count. The caller stops Ray and the Prometheus
-    (None if none started)."""
-    prometheus = _start_prometheus(prometheus_dir)
+    (None if none started); `scrape_interval_s` None: the config's 5 s."""
+    prometheus = _start_prometheus(prometheus_dir, scrape_interval_s)
     if prometheus is not None:
         os.environ[PROMETHEUS_HOST_VAR] = prometheus.url  # inherited by the dashboard
     say("starting Ray (head + dashboard) ...")
@@ -177,7 +178,7 @@ def start_ray(dashboard_port: int, prometheus_dir: Path, object_store_mb: int = 
     return ctx, prometheus
 
 
-def _start_prometheus(data_dir: Path) -> Monitor | None:
+def _start_prometheus(data_dir: Path, scrape_interval_s: float | None = None) -> Monitor | None:
     """Ray's metrics for the dashboard. Without a Prometheus the demo runs on, with no metrics."""
     if os.environ.get(PROMETHEUS_HOST_VAR):
         say(f"using the Prometheus at ${PROMETHEUS_HOST_VAR} ({os.environ[PROMETHEUS_HOST_VAR]}): it must "
@@ -185,7 +186,7 @@ def _start_prometheus(data_dir: Path) -> Monitor | None:
         return None
     say("starting Prometheus (for the dashboard) ...")
     try:
-        return up_before_head(data_dir)
+        return up_before_head(data_dir, scrape_interval_s)
     except StreamlearnError as e:
         say(f"WARNING: going on without Prometheus, so the dashboard has no metrics: {e}")
         return None

@@ -81,7 +81,7 @@ class Monitor:
     port: int = DEFAULT_PORT  # 0: a free one
     host: str = "127.0.0.1"
     discovery_file: Path | None = None  # None: Ray's default location
-    scrape_interval_s: float | None = None  # None: the config's (5 s); tests use 1 s
+    scrape_interval_s: float | None = None  # None: the config's (5 s); test_metrics' uses 2 s
     start_timeout_s: float = 30.0
 
     def __post_init__(self):
@@ -213,7 +213,7 @@ class Monitor:
 TARGETS_NAME = "ray_targets.json"
 
 
-def up_before_head(data_dir: Path) -> Monitor:
+def up_before_head(data_dir: Path, scrape_interval_s: float | None = None) -> Monitor:
     """Prometheus for a Ray head this process is about to start. The dashboard reads Prometheus's
     URL once, when it starts, but Ray writes its discovery file only into the session it creates:
     so Prometheus starts first, on a targets file of its own that names no one yet, and
@@ -222,7 +222,7 @@ def up_before_head(data_dir: Path) -> Monitor:
     data_dir.mkdir(parents=True, exist_ok=True)
     targets = data_dir / TARGETS_NAME
     _replace(targets, lambda tmp: tmp.write_text("[]"))  # not an old session's link: those ports are dead
-    return Monitor(data_dir=data_dir, port=0, discovery_file=targets).up()
+    return Monitor(data_dir=data_dir, port=0, discovery_file=targets, scrape_interval_s=scrape_interval_s).up()
 
 
 def follow_session(monitor: Monitor) -> None:

@@ -35,6 +35,9 @@ def kafka_settings(kafka) -> KafkaSettings:
     return KafkaSettings(bootstrap=kafka.bootstrap)
 
 
+SESSION_SCRAPE_S = 30.0
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """A local Ray head started as `make demo` starts its own (streamlearn.demo.start_ray: with its
@@ -49,7 +52,11 @@ def ray_cluster(tmp_path_factory):
     # Metrics sent every second, not every 10 s: test_metrics reads them soon after they move,
     # and a finished run waits one interval so its last lag sample is sent (trainer.train).
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
-    ctx, prometheus = start_ray(free_port(), tmp_path_factory.mktemp("prometheus"), object_store_mb=256)
+    # The session's Prometheus scrapes every 30 s, not the demo's 5: each scrape makes Ray's agent
+    # render every series the session has made (half its CPU, 9 % of the suite's, at 5 s), and
+    # only test_demo_ray asks this Prometheus anything (test_metrics runs one of its own).
+    ctx, prometheus = start_ray(free_port(), tmp_path_factory.mktemp("prometheus"), object_store_mb=256,
+                                scrape_interval_s=SESSION_SCRAPE_S)
     yield ctx
     ray.shutdown()
     if prometheus is not None:

@@ -26,6 +26,8 @@ from streamlearn.demo import banner
 from streamlearn.localray import client_auth
 from streamlearn.monitor import PROMETHEUS_HOST_VAR, query
 
+from .conftest import SESSION_SCRAPE_S
+
 pytestmark = pytest.mark.integration
 
 REFUSED = "Authentication required"
@@ -62,7 +64,8 @@ def test_the_dashboard_reads_the_prometheus_the_demo_started_which_scrapes_this_
                                      headers=get_auth_headers_if_auth_enabled({}))
     with urllib.request.urlopen(request, timeout=20) as r:
         assert json.load(r)["result"] is True
-    deadline = time.monotonic() + 60  # the targets file is re-read every 5 s, targets scraped every 5 s
+    # The targets file is re-read every 5 s, and a target first scraped within one interval.
+    deadline = time.monotonic() + 30 + 2 * SESSION_SCRAPE_S
     while not [s for s in query(prometheus, 'up{job="ray"}') if s["value"][1] == "1"]:
         assert time.monotonic() < deadline, f"{prometheus} scrapes no Ray metrics endpoint"
         time.sleep(1)
