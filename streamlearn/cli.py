@@ -72,9 +72,9 @@ def kafka_status(bootstrap: str | None = BOOTSTRAP):
 
 @kafka_app.command("fetch-jars", hidden=True)
 def kafka_fetch_jars():
-    from streamlearn.kafka.broker import fetch_jars
+    from streamlearn.kafka.broker import build_class_archive
 
-    fetch_jars()
+    build_class_archive()  # fetches the jars first
 
 
 @topics_app.command("create")

@@ -17,13 +17,14 @@ import pytest
 
 from streamlearn.config import KafkaSettings
 from streamlearn.kafka.admin import ensure_topics
-from streamlearn.kafka.broker import EmbeddedKafka
+from streamlearn.kafka.broker import EmbeddedKafka, build_class_archive
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory) -> EmbeddedKafka:
+    build_class_archive()  # `make setup` made it; a bare pytest run makes it here, once per cache
     broker = EmbeddedKafka(port=0, data_dir=tmp_path_factory.mktemp("kafka"))
     broker.start()
     yield broker

@@ -1,11 +1,12 @@
 """The foundation on a real broker: the generator's events arrive, survive a restart, bad ones as written."""
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from streamlearn.kafka.admin import end_offsets
-from streamlearn.kafka.broker import EmbeddedKafka, metadata_ok
+from streamlearn.kafka.broker import EmbeddedKafka, build_class_archive, class_archive, fetch_jars, maps, metadata_ok
 from streamlearn.loadgen.generator import run_load
 
 from .streams import expected_learning, read_topic
@@ -98,3 +99,17 @@ def test_a_window_reads_in_the_same_order_however_its_fetches_arrive(kafka, kafk
             assert got == [(p, o) for p in sorted(ranges) for o in range(*ranges[p])]
     finally:
         reader.close()
+
+
+def test_brokers_start_from_the_class_archive_setup_made(kafka, tmp_path):
+    """`make setup` (`kafka fetch-jars`) leaves the broker's class-data archive beside the jars; the
+    session's broker was started with it, this JDK maps it for the broker's classpath, and a cut
+    one is refused (build_class_archive adopts an archive only if it maps)."""
+    jars = fetch_jars()
+    archive = build_class_archive()
+    assert archive == class_archive(jars) and archive.exists()
+    assert f"-XX:SharedArchiveFile={archive}".encode() in Path(f"/proc/{kafka.pid()}/cmdline").read_bytes().split(b"\0")
+    assert maps(archive, jars)
+    half = tmp_path / "half.jsa"  # what a JVM killed while writing it would leave
+    half.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    assert not maps(half, jars)
