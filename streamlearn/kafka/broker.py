@@ -380,7 +380,7 @@ def class_archive(jars: Path) -> Path:
 def build_class_archive(version: str = KAFKA_VERSION) -> Path | None:
     """Once per jars and JDK (`make setup`, through `kafka fetch-jars`): start a throwaway broker
     and stop it, its JVM writing the classes its start loaded. Every later broker starts with
-    them: 3.1 instead of 4.8 CPU-s to serving, 2.8 instead of 3.7 s (measured here, 3 of each).
+    them: 3.0 instead of 4.9 CPU-s to serving, 2.8 instead of 3.8 s (medians of 3 alternating starts, here).
     None, and a broker starts as before, if Java is missing or the archive could not be made."""
     if not shutil.which("java"):
         return None
