@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from streamlearn.config import KafkaSettings, cache_dir, repo_file
 from streamlearn.errors import BrokerStartError, ConfigError, KafkaUnavailable
 from streamlearn.kafka import secure
+from streamlearn.logs import log
 from streamlearn.procs import terminate
 
 KAFKA_VERSION = "4.3.1"
@@ -388,12 +388,16 @@ def build_class_archive(version: str = KAFKA_VERSION) -> Path | None:
     if archive.exists():
         return archive
     partial = archive.with_name(f".{archive.name}.{os.getpid()}")
-    with tempfile.TemporaryDirectory(prefix="streamlearn-cds-") as scratch:
-        broker = EmbeddedKafka(port=0, data_dir=Path(scratch), version=version, dump_classes_to=partial)
+    scratch = archive.parent.parent / f"class-archive-broker-{os.getpid()}"  # its log kept if it fails
+    broker = EmbeddedKafka(port=0, data_dir=scratch, version=version, dump_classes_to=partial)
+    try:
         try:
             broker.start()
         finally:
             broker.stop()  # the JVM writes the archive as it exits (~3 s more)
+        shutil.rmtree(scratch, ignore_errors=True)
+    except BrokerStartError as e:  # a speed-up only: `make setup` goes on, brokers start without it
+        log("kafka_class_archive_skipped", level="warning", reason=str(e))
     if partial.exists() and maps(partial, jars=archive.parent):
         os.replace(partial, archive)  # whole or not at all: a broker never meets a half-written file
     partial.unlink(missing_ok=True)
