@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 SERVED_WITHIN_S = 360  # Kafka, Prometheus, Ray, the training job and Serve all start on 2 busy cores
 JUDGED_WITHIN_S = 80  # after the serving deadline: the caller's first answers meet their labels
 STOPPED_WITHIN_S = 150  # all three inside pytest's 600 s per test
+LAST_EXITS_S = 10.0  # after make returns, for the demo's processes to finish exiting
 
 
 def _as_a_new_shell(environ: dict[str, str]) -> dict[str, str]:
@@ -71,7 +72,8 @@ def test_make_demo_serves_a_version_and_scores_the_banners_request():
         demo.wait(timeout=STOPPED_WITHIN_S)
         reader.join(timeout=10)
         assert any("stopping everything the demo started" in line for line in lines), "".join(lines[-40:])
-        assert not _started_by(demo.pid, home), "the demo left processes running after Ctrl-C"
+        left = _still_running(demo.pid, home, grace_s=LAST_EXITS_S)
+        assert not left, f"the demo left processes running after Ctrl-C: {left}"
     finally:
         for pid in _started_by(demo.pid, home):  # a failed run must not leave its load to the tests after it
             try:
@@ -82,6 +84,23 @@ def test_make_demo_serves_a_version_and_scores_the_banners_request():
         if suite_ray:
             write_ray_address(suite_ray)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _still_running(session: int, home: Path, grace_s: float) -> list[str]:
+    """What `_started_by` finds once `grace_s` has passed without it finding nothing, each as
+    "pid command": `make` returns at the Ctrl-C while the processes it was waiting on may still be
+    exiting (one fresh-clone run, 2026-12-01, found some at once; which ones was not recorded)."""
+    deadline = time.monotonic() + grace_s
+    while (found := _started_by(session, home)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return [f"{pid} {_command(pid)}" for pid in found]
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+    except OSError:
+        return "(gone)"
 
 
 def _started_by(session: int, home: Path) -> list[int]:
