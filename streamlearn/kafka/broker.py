@@ -222,9 +222,7 @@ class EmbeddedKafka:
         self._format_storage(jars, props)
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         out = open(self.data_dir / "logs" / "stdout.log", "ab")
-        archive = class_archive(jars)
-        classes = [f"-XX:ArchiveClassesAtExit={self.dump_classes_to}"] if self.dump_classes_to \
-            else [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
+        classes = [f"-XX:ArchiveClassesAtExit={self.dump_classes_to}"] if self.dump_classes_to else _classes(jars)
         proc = subprocess.Popen(
             ["java", *JVM_FLAGS, *classes,
              f"-Dlog4j2.configurationFile={repo_file('deploy/kafka/log4j2.properties')}",
@@ -388,7 +386,7 @@ def build_class_archive(version: str = KAFKA_VERSION) -> Path | None:
     if archive.exists():
         return archive
     partial = archive.with_name(f".{archive.name}.{os.getpid()}")
-    scratch = archive.parent.parent / f"class-archive-broker-{os.getpid()}"  # its log kept if it fails
+    scratch = cache_dir() / f"class-archive-broker-{os.getpid()}"  # its log kept if it fails
     broker = EmbeddedKafka(port=0, data_dir=scratch, version=version, dump_classes_to=partial)
     try:
         try:
@@ -418,10 +416,14 @@ def _storage_tool(jars: Path) -> list[str]:
     # A run of a second or so: the C1 compiler alone and the serial collector start it with ~25 %
     # less CPU than the JVM's server defaults, the broker's class archive (same classpath) with half
     # as much again: a format 1.7 -> 1.3 -> 0.8 CPU-s, 1.2 -> 0.6 s (measured here).
-    archive = class_archive(jars)
-    classes = [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
-    return ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *classes, "-cp", f"{jars}/*",
+    return ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *_classes(jars), "-cp", f"{jars}/*",
             "kafka.tools.StorageTool"]
+
+
+def _classes(jars: Path) -> list[str]:
+    """The JVM flag that maps the class archive, for a broker or the storage tool (same classpath)."""
+    archive = class_archive(jars)
+    return [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
 
 
 def new_cluster_id() -> str:
