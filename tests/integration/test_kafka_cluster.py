@@ -1,12 +1,14 @@
 """Kafka as a bank runs it: three brokers (`streamlearn kafka up --brokers 3`), every topic on all
 three, min.insync.replicas 2. Training, dead-lettering and scoring with its answers published run
 while the broker leading most of the events' partitions is SIGKILLed and, once it is back, another
-is restarted with a controlled shutdown, as each step of an operator's rolling restart does.
+is restarted with a controlled shutdown, as each step of an operator's rolling restart does; at
+the end the whole cluster stops, cleanly.
 Exactly once is then checked by an independent re-read of the events, the dead letters and the answers.
 Recovery times print as `recovery <what>: <seconds>` (run with -s)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -96,7 +98,7 @@ def learning_from(directory, partitions: list[int], since: float, past: dict[int
 
 
 @pytest.mark.timeout(900)
-def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlled_restart(ray_cluster, tmp_path):
+def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlled_restart(ray_cluster, tmp_path, capfd):
     from ray import serve
 
     from streamlearn.serve.app import deploy
@@ -181,6 +183,13 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlle
         assert meta["counters"]["dead_lettered"] > 0  # the load's 2 % malformed events were there to meet
         ids = Counter(i for m in read_whole_topic(settings, scores) for i in decode_answers(m.value())[0])
         assert ids == Counter(answered), "an answer lost or written twice through the failover"
+
+        # c) `kafka down`: every broker shuts down cleanly. One at a time, the last had no quorum
+        # left to hand over to and hung until its SIGKILL, 30 s later.
+        assert cluster.stop()
+        captured = capfd.readouterr()
+        sys.stdout.write(captured.out)
+        assert "kafka_broker_killed" not in captured.err, captured.err[-2000:]
     finally:
         cluster.stop()
 
