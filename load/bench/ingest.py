@@ -174,6 +174,8 @@ def main() -> None:
                   # issue 48: DDP's allreduce a step against the default's average a window, same rounds
                   "direct-2-step": {"workers": 2, "sync": "step"},
                   "ray-data-2": {"workers": 2, "ingest": "ray-data"},
+                  # issue 48's `--ingest auto`: one worker leaves a core to the lanes (direct reads inline)
+                  "ray-data-1": {"workers": 1, "ingest": "ray-data"},
                   "delayed-1": {"workers": 1, "topic": DELAYED, "pipeline": "fraud_delayed"},
                   "delayed-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed"},
                   "delayed-ray-data-2": {"workers": 2, "topic": DELAYED, "pipeline": "fraud_delayed",
