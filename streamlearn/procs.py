@@ -25,14 +25,23 @@ def terminate_all(pids: list[int], alive: Callable[[int], bool], timeout_s: floa
     its leadership over to, and hung until its SIGKILL (30 s for a 3-broker cluster, measured;
     signalled together, the three were gone in 6 s). Returns the pids that needed SIGKILL."""
     for pid in pids:
-        os.kill(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
     hung = [pid for pid in pids if alive(pid)]
     for pid in hung:
-        os.kill(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
     return hung
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """A process that exited since it was found is already where the signal would send it; with
+    several, one gone must not leave the rest unsignalled."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @contextmanager
