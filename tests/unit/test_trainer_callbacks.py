@@ -1,11 +1,13 @@
-"""The trainer a group runs: Ray Train's callbacks, less the one that starts a process we never use."""
+"""The trainer a group runs: Ray Train's callbacks, less the one that starts a process we never use,
+and its placement-group cleaner asking less often."""
 
 from __future__ import annotations
 
 from ray.train.v2._internal.callbacks import BackendSetupCallback, DatasetsCallback
+from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
 from streamlearn.config import KafkaSettings, TrainConfig
-from streamlearn.train.trainer import build_trainer
+from streamlearn.train.trainer import CLEANER_CHECK_S, build_trainer
 
 
 def test_a_group_starts_no_dataset_manager_yet_keeps_ray_train_s_other_callbacks(tmp_path):
@@ -13,6 +15,12 @@ def test_a_group_starts_no_dataset_manager_yet_keeps_ray_train_s_other_callbacks
     # cores) for the Datasets handed to Ray Train, and streamlearn hands it none.
     cfg = TrainConfig(topic="t", checkpoint_dir=str(tmp_path))
     trainer = build_trainer(cfg, KafkaSettings(bootstrap="127.0.0.1:9"))
-    kinds = [type(cb) for cb in trainer._create_default_callbacks()]
+    callbacks = trainer._create_default_callbacks()
+    kinds = [type(cb) for cb in callbacks]
     assert DatasetsCallback not in kinds
     assert BackendSetupCallback in kinds, kinds  # the gloo / NCCL group is still Ray Train's
+    # A controller that dies without stopping still has its placement group removed, 10 s later
+    # at most, by exactly one cleaner (Ray Train's own, asking less often than its 1 s).
+    cleaners = [cb for cb in callbacks if isinstance(cb, PlacementGroupCleanerCallback)]
+    assert len(cleaners) == 1 and type(cleaners[0]) is not PlacementGroupCleanerCallback, kinds
+    assert cleaners[0]._check_interval_s == CLEANER_CHECK_S
