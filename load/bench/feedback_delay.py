@@ -80,6 +80,21 @@ class WorkerMemory(Sampler):
             self.times.append(time.monotonic())
 
 
+def rotated(names: list[str], r: int) -> list[str]:
+    """Round r's order: each round starts one contender later, so that no contender always runs
+    right after the same one (a run that wrote a 0.5-GB row store leaves the next its writeback)."""
+    return names[r % len(names):] + names[:r % len(names)]
+
+
+def dirty_kib() -> int | None:
+    """The page cache's data not yet written back (Linux), as a run starts."""
+    try:
+        return next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                    if line.startswith("Dirty:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def disk_bytes(directory: Path) -> int:
     """What the files under `directory` take on disk (the row store's are sparse)."""
     return sum(f.stat().st_blocks * 512 for f in directory.rglob("*") if f.is_file()) if directory.is_dir() else 0
@@ -155,9 +170,13 @@ def main() -> None:
     with bench_broker() as (home, broker, settings):
         sent = produce(broker.bootstrap, settings, events)
         start_bench_ray()
-        for _ in range(args.runs):  # alternating: this machine's speed drifts within minutes
-            for name in CONTENDERS:
-                runs[name].append(one_run(broker.bootstrap, events, home, name))
+        previous = None
+        for r in range(args.runs):  # alternating: this machine's speed drifts within minutes
+            for name in rotated(list(CONTENDERS), r):
+                dirty = dirty_kib()
+                runs[name].append({**one_run(broker.bootstrap, events, home, name), "round": r, "after": previous,
+                                   "dirty_kib_at_start": dirty})
+                previous = name
                 print(json.dumps({k: v for k, v in runs[name][-1].items() if k != "checkpoint"}), flush=True)
         ray.shutdown()
     figures = {**summarize(runs), "days": args.days, "events": events, "runs": args.runs,
@@ -175,7 +194,8 @@ def write_doc(figures: dict) -> None:
                   "days, learned by `fraud_chargebacks` on 1 worker with the defaults (the row store on); "
                   f"`{RE_READ}` is the 30-day stream with `--no-feedback-rows` (every chargeback's event re-read from "
                   "Kafka: the way before the row store); `inline` is `fraud` on the same events carrying their label. "
-                  "Contenders alternate. Resident memory: the Ray Train worker's, sampled every 0.5 s; the row store: "
+                  "Contenders alternate, each round starting one contender later. Resident memory: the Ray Train "
+                  "worker's, sampled every 0.5 s; the row store: "
                   "its files' blocks on disk at the run's end. Each run reads both topics to their ends: every "
                   "chargeback is applied, the 30-day stream's mostly after its last event.\n\n" + NOTES)
 
