@@ -72,7 +72,7 @@ class Decoded:
 
 def decode_events(pipeline: Pipeline, messages: list) -> Decoded:
     """Parse, validate, featurize and fingerprint a slice's messages (the direct path's ranks and
-    the Ray Data lanes with joined labels: one decoder, one set of dead-letter reasons)."""
+    the Ray Data lanes: one decoder, one set of dead-letter reasons)."""
     values = [m.value() for m in messages]
     events, decoded, bad = pipeline.schema.decode_many(values)
     x, y, kept, bad = featurize(pipeline, events, decoded, bad)

@@ -1,15 +1,18 @@
 """The Ray Data side of `--ingest ray-data`: one long-lived Dataset that reads the planner's
-windows from Kafka, decodes on Ray Data workers, and streams to the ranks.
+windows from Kafka, decodes them on Ray Data workers, and streams them to the ranks.
 
 Ray Data 2.60 has no unbounded source, and one Dataset per window costs seconds per window
 (docs/DECISIONS.md §1). So the Dataset is built once per worker group and never ends until
 the run does: its read tasks are *lanes*, each a generator that takes window after window
 from a `WindowFeed` actor (rank 0 puts each planned window there) and reads its share of the
-window's offsets with the same long-lived `RangeReader` as the direct path. The decode stage
-(`map_batches`, fused by Ray Data into the lanes) parses, validates and featurizes, and passes
-bad events on with their reasons (the ranks dead-letter them, as in the direct path); the ranks
-receive decoded windows through `streaming_split(equal=False)`, in whatever order and on
-whatever rank Ray Data hands them out.
+window's offsets with the same long-lived `RangeReader` as the direct path, and decodes them
+where it read them (`decode_events`, the direct path's decoder: parse, validate, featurize),
+passing bad events on with their reasons (the ranks dead-letter them, as in the direct path).
+The ranks receive decoded windows through `streaming_split(equal=False)`, in whatever order and
+on whatever rank Ray Data hands them out. (A decode stage of its own, `map_batches`, which Ray
+Data fused into the read, took the raw messages from the read as a pickled row: 0.78 us a
+message to build, pickle and unpickle, ~12 % of a lane's CPU in py-spy, to hand them over
+inside one process.)
 
 With joined labels (`fraud_delayed`), a lane also reads its partitions of `<topic>.labels` and
 joins them in the lane, in a `LabelJoin` (delayed feedback: a `ReportFeedback`) that lives as
@@ -22,8 +25,8 @@ ran again would start from a stale state: it rereads a window already delivered,
 refuse the duplicate rows, so the group restarts from its checkpoint instead.
 
 A lane's slices travel as ONE row, one block: every window the feed already holds for the lane
-(up to WINDOWS_PER_BLOCK) is read and sent together, as a pickled list of per-slice dicts
-(`pack`/`unpack`: its messages on the way in, its feature matrix as bytes on the way out). Ray
+(up to WINDOWS_PER_BLOCK) is read, decoded and sent together, as a pickled list of per-slice
+dicts (`pack`/`unpack`, its feature matrix as bytes). Ray
 Data's read operator buffers a generator's output until a block exceeds `target_max_block_size`
 (128 MiB by default): a stream's small windows would never leave the read task. With the target
 at one byte every yielded row is a block of its own; a row being a whole pack, nothing is ever
@@ -37,7 +40,6 @@ import asyncio
 import io
 import pickle
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +51,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
-from streamlearn.ingest.decode import Batch, decode_events, featurize
+from streamlearn.ingest.decode import Batch, decode_events
 from streamlearn.ingest.feedback import make_join
-from streamlearn.ingest.reader import Message, RangeReader
+from streamlearn.ingest.reader import RangeReader
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
 
-# A lane reads its share of each window and decodes it (JSON parsing is the stage's CPU cost).
-# On two cores it must leave the trainers their share: a fraction, never Ray's 1 CPU. The read
-# and the decode ask the same, so Ray Data fuses them into one task per lane (see `build`).
+# A lane reads its share of each window and decodes it (JSON parsing is its CPU cost). On two
+# cores it must leave the trainers their share: a fraction, never Ray's 1 CPU.
 LANE_CPUS = 0.25
 # Windows fed ahead of the one being learned (RayDataStream.lookahead), and the recent windows the
 # feed keeps: a lane is at most LOOKAHEAD behind the newest, the rest is margin.
@@ -135,33 +136,33 @@ class WindowFeed:
 
 
 def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: int, lanes: int,
-              fetch_timeout_s: float = LANE_FETCH_TIMEOUT_S, pipeline: Pipeline | None = None):
+              pipeline: Pipeline, fetch_timeout_s: float = LANE_FETCH_TIMEOUT_S):
     # Plain values, not an object: Ray Data pickles these arguments into each read task, and the
     # lane needs no more of the run than this (eight, where `_joined_lane` passes them on).
-    """One lane, for the life of the Dataset: a generator of one-row Arrow tables, one per window
-    slice that has events. It ends after the window that stops the run, or once its group is
-    gone (the feed, owned by the group's rank 0, dies with it). With joined labels (a
-    `pipeline` whose labels are joined) the lane reads, decodes and joins both topics itself."""
-    if pipeline is not None and pipeline.labels is not None:
+    """One lane, for the life of the Dataset: a generator of one-row Arrow tables of decoded
+    window slices, one per block of windows that has events. It ends after the window that
+    stops the run, or once its group is gone (the feed, owned by the group's rank 0, dies with
+    it). With joined labels the lane reads, decodes and joins both topics."""
+    if pipeline.labels is not None:
         yield from _joined_lane(settings, topic, group_id, feed, lane, lanes, fetch_timeout_s, pipeline)
         return
     reader = RangeReader(settings, topic, group_id, fetch_timeout_s=fetch_timeout_s)
     try:
         for windows in _taken(feed, lane):
-            slices = []
+            rows = []
             for window in windows:
-                seq = window.seq
                 ranges = window.slice_for(lane, lanes)  # the planner plans for `lanes` readers
                 if ranges:
                     started = time.perf_counter()
                     messages = _read(reader, ranges, feed)
                     if messages is None:
                         return
-                    slices.append({"window": seq, "partition": [m.partition() for m in messages],
-                                   "offset": [m.offset() for m in messages], "value": [m.value() for m in messages],
-                                   "read_s": time.perf_counter() - started})
-            if slices:
-                yield pack(slices)
+                    read_s = time.perf_counter() - started
+                    events = decode_events(pipeline, messages)
+                    rows.append(_decoded_row(window.seq, Batch(None, events.x, events.y, events.crcs, events.dead),
+                                             len(messages), read_s, time.perf_counter() - started - read_s))
+            if rows:
+                yield pack(rows)
     finally:
         reader.close()
 
@@ -241,8 +242,7 @@ def _read(reader: RangeReader, ranges: dict[int, tuple[int, int]], feed) -> list
 class KafkaWindows(ray.data.Datasource):
     """`lanes` read tasks, each `read_lane` over its share of every window the feed hands out."""
 
-    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, feed, lanes: int,
-                 pipeline: Pipeline | None = None):
+    def __init__(self, settings: KafkaSettings, topic: str, group_id: str, feed, lanes: int, pipeline: Pipeline):
         self._args = (settings, topic, group_id, feed, pipeline)
         self.lanes = lanes
         self._fault = faults.given()  # aimed faults reach the lanes too (tests only)
@@ -262,7 +262,7 @@ class KafkaWindows(ray.data.Datasource):
                     faults.arm(self._fault[0], None, self._fault[1])
                 # A lane streams for the Dataset's life in one of Ray's pooled workers (heap.py).
                 with heap.quiet_while_streaming():
-                    for piece in read_lane(settings, topic, group_id, feed, lane, self.lanes, pipeline=pipeline):
+                    for piece in read_lane(settings, topic, group_id, feed, lane, self.lanes, pipeline):
                         yield piece
                         for _ in piece.column("windows")[0].values:  # a slice at a time, however packed
                             faults.point("ray_data_lane_dies")  # only where a test aimed it
@@ -270,29 +270,6 @@ class KafkaWindows(ray.data.Datasource):
 
         meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
         return [ray.data.ReadTask(task(lane), meta) for lane in range(self.lanes)]
-
-
-def decode(packs: pa.Table, pipeline: Pipeline) -> pa.Table:
-    """The decode stage, run in the lane that read the slices: parse, validate, featurize and
-    fingerprint. Bad events travel on with their bytes and reason; the rank that learns their
-    window writes them to the dead-letter topic, in window order, as the direct path does.
-    Written here, a stage running windows ahead of training, retried by Ray Data, or outliving a
-    killed group by a moment wrote one dead letter twice in 1,185 under two worker kills (CI)."""
-    out = [pack([_decode_slice(row, pipeline) for row in pickle.loads(blob)])
-           for blob in packs.column("pack").to_pylist()]
-    return pa.concat_tables(out) if out else packs
-
-
-def _decode_slice(row: dict, pipeline: Pipeline) -> dict:
-    """One raw slice (its messages) as the decoded slice a rank receives."""
-    started = time.perf_counter()
-    values = row["value"]
-    events, kept, bad = pipeline.schema.decode_many(values)
-    x, y, kept, bad = featurize(pipeline, events, kept, bad)
-    crcs = np.fromiter((zlib.crc32(values[i]) for i in kept), dtype=np.uint32, count=len(kept))
-    dead = [(Message(row["partition"][i], row["offset"][i], values[i]), reason) for i, reason in sorted(bad)]
-    return _decoded_row(row["window"], Batch(None, x, y, crcs, dead), len(values), row["read_s"],
-                        time.perf_counter() - started)
 
 
 def pack(rows: list[dict]) -> pa.Table:
@@ -367,20 +344,19 @@ def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline
           name: str, room: PlacementGroup) -> ray.data.Dataset:  # once per group: the lanes' arguments, and where
     """The Dataset of decoded window slices. Built on rank 0 once per group; runs from the first pull.
 
-    Read and decode are one task per lane: a task-pool `map_batches` with the read's size and
-    CPUs, which Ray Data fuses into the read. A pool of decode actors (the first design) added
-    two processes and an object-store hop per slice on the two cores the trainers use; fused,
-    the mode learned at 0.95x the direct path instead of 0.72x (side run, DECISIONS.md §1).
-    `test_raydata_lanes` checks the plan stays fused."""
+    Read and decode are one task per lane, the read's: a pool of decode actors (the first design)
+    added two processes and an object-store hop per slice on the two cores the trainers use
+    (0.72x the direct path, against 0.95x in the lanes; DECISIONS.md §1). The pipeline object
+    itself goes to the lanes (pickled by reference to its module), not its name: `--pipeline
+    package.module:attribute` names no file under pipelines/. `test_raydata_lanes` checks that
+    the plan is the read alone."""
     ctx = ray.data.DataContext.get_current()
     ctx.target_max_block_size = 1  # one row (a whole window slice) per block: see the module docstring
     ctx.enable_progress_bars = False  # worker logs are not a terminal; the dashboard's Data view shows progress
     # Both strategies: Ray Data sizes its budget from the placement group only when both are one
     # (deprecated in Ray Data after 2.60, which is pinned; see `reserve_lanes`).
     ctx.scheduling_strategy = ctx.scheduling_strategy_large_args = PlacementGroupSchedulingStrategy(room)
-    joined = pipeline.labels is not None  # the lanes decode and join both topics themselves
-    source = KafkaWindows(settings, topic, group_id, feed, lanes, pipeline=pipeline if joined else None)
-    lane = {"num_cpus": LANE_CPUS, "compute": ray.data.TaskPoolStrategy(size=lanes)}  # the same both: fused
+    source = KafkaWindows(settings, topic, group_id, feed, lanes, pipeline)
     # A lane is never retried. Ray retries a task whose process died, and Ray Data's default is
     # forever; but a lane is no pure function of its input: a new attempt asks the feed for its
     # oldest window and yields slices the ranks already learned or that Ray's stream of the first
@@ -388,11 +364,6 @@ def build(settings: KafkaSettings, topic: str, group_id: str, pipeline: Pipeline
     # retried, the lane's death ends the Dataset, every rank's stream raises it with its cause,
     # and the group restarts from its checkpoint at once (`test_aimed_faults`, a lane killed).
     once = {"max_retries": 0}
-    ds = ray.data.read_datasource(source, override_num_blocks=lanes, ray_remote_args=once, **lane)
-    if not joined:
-        ds = ds.map_batches(decode, batch_size=None, batch_format="pyarrow", **lane, **once,
-                            # The pipeline object itself (pickled by reference to its module), not its
-                            # name: `--pipeline package.module:attribute` names no file under pipelines/.
-                            fn_kwargs={"pipeline": pipeline})
+    ds = ray.data.read_datasource(source, override_num_blocks=lanes, ray_remote_args=once, num_cpus=LANE_CPUS)
     ds.set_name(name)  # what the dashboard's Data view and `streamlearn status` call it
     return ds
