@@ -52,8 +52,8 @@ CASES = {
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("fault,ingest", [
     *((fault, "direct") for fault in CASES if not fault.startswith("ray_data")),
-    # The checkpoint writer is the same code in both modes; what Ray Data changes is where dead
-    # letters are written (its decode stage, a window ahead) and who commits after a publish.
+    # The checkpoint writer is the same code in both modes; what Ray Data changes is where bad
+    # events are decoded (in a lane, a window ahead) and who commits after a publish.
     *((fault, "ray-data") for fault in CASES if fault.startswith(("after_publish", "before_dead_letter", "ray_data"))),
 ], ids=lambda v: CASES.get(v, v))
 def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault,
