@@ -69,6 +69,10 @@ class Decoded:
     crcs: np.ndarray
     dead: list[tuple[Message, str]]
 
+    def batch(self, window: Window | None, read_s: float = 0.0) -> Batch:
+        """What is learned of the slice when no labels are joined: its events with their own targets."""
+        return Batch(window, self.x, self.y, self.crcs, self.dead, read_s)
+
 
 def decode_events(pipeline: Pipeline, messages: list) -> Decoded:
     """Parse, validate, featurize and fingerprint a slice's messages (the direct path's ranks and

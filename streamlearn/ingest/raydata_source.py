@@ -158,9 +158,9 @@ def read_lane(settings: KafkaSettings, topic: str, group_id: str, feed, lane: in
                     if messages is None:
                         return
                     read_s = time.perf_counter() - started
-                    events = decode_events(pipeline, messages)
-                    rows.append(_decoded_row(window.seq, Batch(None, events.x, events.y, events.crcs, events.dead),
-                                             len(messages), read_s, time.perf_counter() - started - read_s))
+                    batch = decode_events(pipeline, messages).batch(None)
+                    rows.append(_decoded_row(window.seq, batch, len(messages), read_s,
+                                             time.perf_counter() - started - read_s))
             if rows:
                 yield pack(rows)
     finally:

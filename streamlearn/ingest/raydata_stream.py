@@ -70,8 +70,8 @@ BEHIND_S = 0.5  # what the aimed fault `ray_data_rank_behind` holds each slice b
 class RayDataStream:
     read_lanes = LANES  # the planner cuts windows for the lanes, not the ranks (set per run in __init__)
     # Windows fed ahead of the one being learned. With one, every window waited out the whole
-    # pipeline's latency (feed, read task, a decode actor as it then was, split coordinator: ~0.5 s a window on
-    # two cores, measured) and training ran at 0.39x the direct path. The cost is per window and
+    # pipeline's latency (feed, read task, then a decode actor, split coordinator: ~0.5 s a
+    # window on two cores, measured) and training ran at 0.39x the direct path. The cost is per window and
     # block, not per event (8 lanes were 6x slower than 2 on 16 cores): 3 ahead gave 0.41x direct
     # with 2 workers here, 12 gave 0.66x, 32 about the same (2026-12-01, 3 runs each), so 12.
     lookahead = source.LOOKAHEAD

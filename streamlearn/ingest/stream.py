@@ -102,7 +102,7 @@ class WorkerStream:
         with self.phases("decode", window=window.seq, messages=len(messages)):
             decoded = decode_events(self.pipeline, messages)
         if self.join is None:
-            return Batch(window, decoded.x, decoded.y, decoded.crcs, decoded.dead, time.perf_counter() - started)
+            return decoded.batch(window, time.perf_counter() - started)
         with self.phases("join", window=window.seq, labels=len(labels)):
             batch = self.join.batch(self.pipeline, window, decoded, labels)
         batch.read_s = time.perf_counter() - started
