@@ -21,6 +21,4 @@ def test_evaluate_names_the_absent_broker_within_seconds(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"no Kafka broker answers at {address} within {BROKER_WAIT_S:g} s" in done.stderr
     assert "Traceback" not in done.stderr
-    # The interpreter's start and imports, then the wait: 6.2 s alone, 6.9 beside the integration
-    # suite (`make test` runs the unit tests beside it); a CLI that hung would take the 60 s.
-    assert took < BROKER_WAIT_S + 12, f"took {took:.1f} s"
+    assert took < BROKER_WAIT_S + 6, f"took {took:.1f} s"  # the interpreter's start and imports, then the wait
