@@ -19,9 +19,7 @@ demo: setup
 
 # CI runs `make test`: every guarantee, each fault in at least one ingest mode. `make test-all`
 # adds the 10 tests marked `extended` (README's first screen), ~25 more minutes on 2 cores.
-# Two xdist workers: one runs every integration test in order (one unit of work: tests/conftest.py),
-# the other the unit tests beside it.
-SUITE := -m pytest -q -p no:cacheprovider --durations=25 -n 2
+SUITE := -m pytest -q -p no:cacheprovider --durations=25
 test: setup lint
 	@$(PY) $(SUITE) -m "not extended" tests/unit tests/integration
 
