@@ -18,9 +18,6 @@ import pytest
 from streamlearn.config import KafkaSettings
 from streamlearn.kafka.admin import ensure_topics
 from streamlearn.kafka.broker import JVM_PERFORMANCE_FLAGS, PERFORMANCE_OPTS_VAR, EmbeddedKafka, build_class_archive
-from streamlearn.train.trainer import PREEMPTION_WATCHER_ENV
-
-from .warm_workers import KEEP, WarmWorkers, session_raylet
 
 pytestmark = pytest.mark.integration
 
@@ -67,14 +64,7 @@ def ray_cluster(tmp_path_factory):
     # only test_demo_ray asks this Prometheus anything (test_metrics runs one of its own).
     ctx, prometheus = start_ray(free_port(), tmp_path_factory.mktemp("prometheus"), object_store_mb=256,
                                 scrape_interval_s=SESSION_SCRAPE_S)
-    # As train() sets it at its first call: part of the runtime env the warm workers must match.
-    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
-    warm = WarmWorkers(*session_raylet()) if KEEP else None
-    if warm:
-        warm.start()
     yield ctx
-    if warm:
-        print(warm.stop())
     ray.shutdown()
     if prometheus is not None:
         prometheus.down()
