@@ -8,6 +8,12 @@ family on its node while the autoscaler adds room, and a worker on each node wit
 worker's room, where the new group's placement group will go. The workers import torch and the
 loop while they wait. A process nobody takes is stopped by its raylet after KEEP_ALIVE_S.
 
+The envs are learned from the running processes (`learn`), never built here: the raylet compares
+the serialized string, byte for byte. A worker's is what Ray's core worker rewrote after merging
+it with the controller's (sorted keys, no spaces), the controller's what Ray's Python API wrote
+(spaces), each holding the variables Ray Train propagates from the driver; a process started in
+a string built from the same dict with other spacing or key order was never taken (measured).
+
 The same processes stand by for a failure (`standby`): once a group has learned for
 STANDBY_AFTER_S (its own start's CPU spent), a whole group's worker processes are started beside
 it, on the nodes its workers run on, and kept STANDBY_KEEP_S; when a worker dies, Ray Train's
