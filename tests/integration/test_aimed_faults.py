@@ -1,9 +1,13 @@
 """Aimed faults: a worker killed exactly where exactly-once usually breaks, not where a timer falls.
 
-Each case trains a topic with bad events in it while named fault points (streamlearn/faults.py)
-SIGKILL a worker; Ray Train restarts the group from the newest checkpoint on disk, and the run
-must end learned == produced − dead-lettered with the fingerprint of the topic, every bad event in
-the dead-letter topic exactly once, and the consumer group's offsets equal to the checkpoint's.
+Each run trains a topic with bad events in it while named fault points (streamlearn/faults.py)
+SIGKILL a worker, one group after another; Ray Train restarts the group from the newest checkpoint
+on disk each time, and the run must end learned == produced − dead-lettered with the fingerprint
+of the topic, every bad event in the dead-letter topic exactly once, and the consumer group's
+offsets equal to the checkpoint's. A kill that broke the guarantee leaves its trace in those
+counts whatever comes after it: a window learned twice or skipped stays in the lineage, a dead
+letter written twice stays in the topic. To see one kill alone, cut its run's spec in RUNS down
+to it.
 """
 
 from __future__ import annotations
@@ -26,53 +30,76 @@ from .test_training import assert_exactly_once, config
 pytestmark = pytest.mark.integration
 
 CASES = {
-    # The checkpoint is durable, the group's offsets are not committed: the restart must resume
-    # from that checkpoint (not from the committed offsets) and commit them itself.
-    "after_publish_before_commit@rank0#2": "after publish, before commit",
+    # Rank 1's dead letters sent but not flushed: a replay must not write any of them twice.
+    "before_dead_letter_flush": "before the dead-letter flush",
+    # Queued for the writer, nothing on disk: the windows since the last checkpoint are replayed.
+    "before_checkpoint_write": "before the checkpoint write",
     # model.pt and meta.json written, the checksum file (completion mark) not: the restore must
     # pass over the torn checkpoint and replay from the one before.
-    "mid_checkpoint_write@rank0#2": "mid checkpoint write",
-    # Queued for the writer, nothing on disk: the windows since the last checkpoint are replayed.
-    "before_checkpoint_write@rank0#2": "before the checkpoint write",
-    # Rank 1's dead letters sent but not flushed: a replay must not write any of them twice.
-    "before_dead_letter_flush@rank1#2": "before the dead-letter flush",
+    "mid_checkpoint_write": "mid checkpoint write",
+    # The checkpoint is durable, the group's offsets are not committed: the restart must resume
+    # from that checkpoint (not from the committed offsets) and commit them itself.
+    "after_publish_before_commit": "after publish, before commit",
     # Ray Data only: a block (a lane's slices of one or more windows) never reaches a rank, as twice
     # in the wild (DECISIONS §1).
     # Every lane reads on past the window; rank 0 must call it lost (LOST_S, not the two-minute
     # stall limit), and the restarted group relearn the window's events once.
-    "ray_data_slice_lost@rank1#3": "a Ray Data slice lost",
+    "ray_data_slice_lost": "a Ray Data slice lost",
     # Ray Data only: a read lane's process dies (as the OOM killer or Ray's memory monitor would
     # kill it) after its twelfth slice, once the feed has let the first windows go (a retry
     # could replay those in step). A lane is never retried (raydata_source.build): its death must
     # fail the group at once with its cause, not as rows found lost 35 s later.
-    "ray_data_lane_dies#12": "a Ray Data lane killed",
+    "ray_data_lane_dies": "a Ray Data lane killed",
 }
+# The kills of a run come in turn, one a group: every group counts from its start and a fired spec
+# is never armed again (faults.py), so the spec with the smallest n among those left fires first,
+# at that checkpoint of its group (a checkpoint passes the flush, then the write, then the
+# publish). Each kill is a group start (~11 CPU-s here) that a run of its own would pay again.
+RUNS = [
+    ("before_dead_letter_flush@rank1#2,before_checkpoint_write@rank0#3,mid_checkpoint_write@rank0#4,"
+     "after_publish_before_commit@rank0#5", "direct"),
+    # The writer is the same code in both modes; what Ray Data changes is where bad events are
+    # decoded (in a lane, a window ahead) and who commits after a publish.
+    ("before_dead_letter_flush@rank1#2,after_publish_before_commit@rank0#3", "ray-data"),
+    ("ray_data_slice_lost@rank1#3", "ray-data"),  # its own run: a lane death could race it
+    ("ray_data_lane_dies#12", "ray-data"),  # its own run: lanes read 12 windows ahead of the kills above
+]
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("fault,ingest", [
-    *((fault, "direct") for fault in CASES if not fault.startswith("ray_data")),
-    # The checkpoint writer is the same code in both modes; what Ray Data changes is where bad
-    # events are decoded (in a lane, a window ahead) and who commits after a publish.
-    *((fault, "ray-data") for fault in CASES if fault.startswith(("after_publish", "before_dead_letter", "ray_data"))),
-], ids=lambda v: CASES.get(v, v))
-def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault,
-                                            ingest):
-    run_load(kafka.bootstrap, topic, partitions=4, count=16_000, bad_fraction=0.03, seed=31)
-    cfg = config(tmp_path, topic, window_events=1000, checkpoint_every_steps=8, checkpoint_every_s=3600.0,
-                 until_idle_s=3.0, max_failures=2, ingest=ingest)
-    monkeypatch.setenv("STREAMLEARN_FAULT", fault)
+def _named(spec: str) -> str:
+    return ", then ".join(CASES[faults.parse(one)[0]["point"]] for one in spec.split(","))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("spec,ingest", RUNS, ids=[f"{_named(spec)}-{ingest}" for spec, ingest in RUNS])
+def test_exactly_once_through_aimed_kills(kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, spec,
+                                          ingest):
+    kills = sorted(faults.parse(spec), key=lambda one: one["nth"])  # the order they fire in
+    # Several kills: a checkpoint every window (3 steps of 256 events < 1,000), so that the four
+    # direct ones leave 11 windows durable before the last group, which finds 9 more. One kill:
+    # one every third window.
+    run_load(kafka.bootstrap, topic, partitions=4, count=20_000 if len(kills) > 1 else 16_000, bad_fraction=0.03,
+             seed=31)
+    cfg = config(tmp_path, topic, window_events=1000, checkpoint_every_steps=3 if len(kills) > 1 else 8,
+                 checkpoint_every_s=3600.0, until_idle_s=1.0, max_failures=len(kills) + 1, ingest=ingest)
+    monkeypatch.setenv("STREAMLEARN_FAULT", spec)
     summary = train(cfg, kafka_settings)
-    assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
+    for one in kills:
+        assert faults.mark_of(run_dir(cfg), one["spec"]).exists(), f"the fault {one['spec']} never fired"
     meta = assert_exactly_once(kafka_settings, cfg)
     assert summary["lineage_learned"] == meta["counters"]["learned"]
     failures = read_jsonl(run_dir(cfg) / "failures.jsonl")
     messages = [f"rank {f['rank']} {f['error']}: {f['message'][:600]}" for f in failures]  # so a surprise names itself
-    if not fault.startswith("ray_data"):  # a SIGKILL: the dead worker's row comes from Ray Train's controller
-        rank = int(fault.split("@rank")[1].split("#")[0])
-        deaths = [(f["rank"], f["error"]) for f in failures if f["error"].startswith("WorkerHealthCheck")]
-        assert deaths == [(rank, "WorkerHealthCheckFailedError")], messages
-    if fault.startswith("ray_data_slice_lost"):  # called lost by rank 0, not left to the stall limit
+    if kills[0]["point"] in ("ray_data_slice_lost", "ray_data_lane_dies"):
+        _assert_ray_data_failures(kills[0], failures, messages, run_dir(cfg))
+        return
+    # A SIGKILL: the dead worker's row comes from Ray Train's controller, one a kill, in turn.
+    deaths = [(f["rank"], f["error"]) for f in failures if f["error"].startswith("WorkerHealthCheck")]
+    assert deaths == [(one["rank"], "WorkerHealthCheckFailedError") for one in kills], messages
+
+
+def _assert_ray_data_failures(fault: dict, failures: list[dict], messages: list[str], directory) -> None:
+    if fault["point"] == "ray_data_slice_lost":  # called lost by rank 0, not left to the stall limit
         # Rank 0 called the aimed loss first. A fresh-clone CI run (2026-11-27) had a second
         # failure, in the restarted group, 56 s after the first (a restart plus a lost call; its
         # message was not kept): Ray Data's own rare loss of a new Dataset's first slices
@@ -80,8 +107,8 @@ def test_exactly_once_through_an_aimed_kill(kafka, kafka_settings, ray_cluster, 
         # still ended exactly once.
         assert failures and "Ray Data lost its slices" in failures[0]["message"], messages
         assert all((f["rank"], f["error"]) == (0, "IngestError") for f in failures), messages
-    if fault.startswith("ray_data_lane_dies"):
-        killed = faults.mark_of(run_dir(cfg), fault).stat().st_mtime
+    else:
+        killed = faults.mark_of(directory, fault["spec"]).stat().st_mtime
         assert failures and all("Ray Data stream failed" in f["message"] for f in failures), messages
         assert failures[0]["t"] - killed < LOST_S / 2, (failures[0]["t"] - killed, messages)
 

@@ -172,7 +172,7 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
     # With Ray Data the resume reads with 3 lanes where the first run had 2: each lane restores the
     # reported offsets of the partitions it now reads (p % 3), so a chargeback sent again is still
     # refused on whichever lane its partition moved to.
-    train(config(tmp_path, topic, pipeline="fraud_chargebacks", workers=1, until_idle_s=4.0, ingest=ingest,
+    train(config(tmp_path, topic, pipeline="fraud_chargebacks", workers=1, until_idle_s=1.0, ingest=ingest,
                  read_lanes=3), kafka_settings)
     again = assert_feedback_exactly_once(kafka_settings, cfg)
     assert again["metrics"]["ingest"].get("lanes") == (3 if ingest == "ray-data" else None)

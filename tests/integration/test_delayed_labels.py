@@ -132,26 +132,29 @@ def test_delayed_labels_are_learned_once_through_a_worker_kill_and_a_resume_on_o
     # Resume on one worker: the join state of all four partitions moves to rank 0, and labels
     # of events learned before (none: no duplicates) or waiting since the last run find them.
     run_load(kafka.bootstrap, topic, partitions=4, count=3_000, bad_fraction=0.02, seed=900, labels=PLAN)
-    train(config(tmp_path, topic, pipeline="fraud_delayed", workers=1, until_idle_s=4.0, ingest=ingest),
+    train(config(tmp_path, topic, pipeline="fraud_delayed", workers=1, until_idle_s=1.0, ingest=ingest),
           kafka_settings)
     again = assert_joined_exactly_once(kafka_settings, cfg)
     assert again["counters"]["learned"] > meta["counters"]["learned"] + 2_000
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("fault", ["mid_checkpoint_write@rank0#4", "after_publish_before_commit@rank0#4"])
-def test_delayed_labels_are_learned_once_through_an_aimed_kill_at_a_checkpoint(
-        kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch, fault):
+def test_delayed_labels_are_learned_once_through_aimed_kills_at_checkpoints(
+        kafka, kafka_settings, ray_cluster, topic, tmp_path, monkeypatch):
     """A checkpoint writes only the join rows new since the one before and links the rest from it
-    (ingest/join_files.py): killed while it writes them, or after it is published but before its
-    offsets are committed, the group restarts from files that earlier checkpoints wrote."""
+    (ingest/join_files.py): killed while it writes them, then (the restarted group) after one is
+    published but before its offsets are committed, each group restarts from files that earlier
+    checkpoints wrote. One kill a group, in turn (test_aimed_faults.py's RUNS say how)."""
     ensure_topics(kafka_settings, {f"{topic}.labels": 4})
     run_load(kafka.bootstrap, topic, partitions=4, count=16_000, bad_fraction=0.02, seed=77, labels=PLAN)
-    cfg = config(tmp_path, topic, pipeline="fraud_delayed", window_events=1000, checkpoint_every_steps=8,
-                 checkpoint_every_s=3600.0, until_idle_s=3.0, max_failures=2)
-    monkeypatch.setenv("STREAMLEARN_FAULT", fault)
+    spec = "mid_checkpoint_write@rank0#4,after_publish_before_commit@rank0#5"
+    # A checkpoint every window: the two kills leave 8 of the 16 durable before the last group.
+    cfg = config(tmp_path, topic, pipeline="fraud_delayed", window_events=1000, checkpoint_every_steps=3,
+                 checkpoint_every_s=3600.0, until_idle_s=1.0, max_failures=3)
+    monkeypatch.setenv("STREAMLEARN_FAULT", spec)
     train(cfg, kafka_settings)
-    assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
+    for fault in spec.split(","):
+        assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"
     meta = assert_joined_exactly_once(kafka_settings, cfg)
     assert meta["join"]["pending"]["events"] > 0  # the never-labelled tenth waits
     newest = ckpt.newest(run_dir(cfg))
@@ -174,7 +177,7 @@ def test_with_chargebacks_only_every_event_is_learned_once_the_silent_ones_as_le
              bad_fraction=0.02, seed=79, labels=CHARGEBACKS)
     fault = "after_publish_before_commit@rank0#4"
     cfg = config(tmp_path, topic, pipeline="tests.integration.models:ShortChargebacks", window_events=1000,
-                 checkpoint_every_steps=8, checkpoint_every_s=3600.0, until_idle_s=3.0, max_failures=2, ingest=ingest)
+                 checkpoint_every_steps=8, checkpoint_every_s=3600.0, until_idle_s=1.0, max_failures=2, ingest=ingest)
     monkeypatch.setenv("STREAMLEARN_FAULT", fault)
     train(cfg, kafka_settings)
     assert faults.mark_of(run_dir(cfg), fault).exists(), f"the fault {fault} never fired"

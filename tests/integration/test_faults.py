@@ -217,7 +217,7 @@ def test_training_survives_two_worker_kills_a_pause_and_a_restart(kafka, kafka_s
 
     # Resume: produce more, train again: only the new events are learned, the lineage goes on.
     run_load(kafka.bootstrap, topic, partitions=4, count=5_000, bad_fraction=0.02, seed=3)
-    again = train(config(tmp_path, topic, until_idle_s=3.0, ingest=ingest), kafka_settings)
+    again = train(config(tmp_path, topic, until_idle_s=1.0, ingest=ingest), kafka_settings)
     assert again["events_learned"] == 4_900 and again["dead_lettered"] == 100
     assert again["lineage_learned"] == meta["counters"]["learned"] + 4_900
     assert_exactly_once(kafka_settings, cfg)

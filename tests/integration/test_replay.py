@@ -48,7 +48,7 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
         chargebacks = LabelPlan(parse_label_delay("uniform:0:0.5"), fraud_only=True)
     run_load(kafka.bootstrap, topic, partitions=4, count=30_000, bad_fraction=0.02, seed=21, labels=chargebacks)
     # Small windows and frequent checkpoints: the kill falls well inside the run, after a checkpoint.
-    common = dict(window_events=1000, checkpoint_every_steps=8, checkpoint_every_s=3600.0, until_idle_s=3.0,
+    common = dict(window_events=1000, checkpoint_every_steps=8, checkpoint_every_s=3600.0, until_idle_s=1.0,
                   max_failures=2, pipeline=pipeline)
     clean = config(tmp_path / "clean", topic, run_name="clean", group_id="replay-clean", **common)
     train(clean, kafka_settings)

@@ -181,7 +181,7 @@ def test_training_over_sasl_ssl_learns_exactly_once_and_leaks_nothing(secure_kaf
     topic = new_topic(settings)
     run_load(settings.bootstrap, topic, partitions=4, count=6_000, bad_fraction=0.05, seed=12,
              producer_config=settings.confluent())
-    cfg = config(tmp_path, topic, until_idle_s=3.0)
+    cfg = config(tmp_path, topic, until_idle_s=1.0)
     summary = train(cfg, settings)
     assert summary["events_learned"] == 5_700 and summary["dead_lettered"] == 300
     assert_exactly_once(settings, cfg)  # offsets, fingerprint, dead letters, commits: all over SASL_SSL

@@ -76,7 +76,7 @@ def assert_exactly_once(settings, cfg: TrainConfig) -> dict:
 
 def test_fraud_model_learns_and_recovers_from_drift(kafka, kafka_settings, ray_cluster, topic, tmp_path):
     run_load(kafka.bootstrap, topic, partitions=4, count=120_000, drift_at=60_000, seed=5)
-    cfg = config(tmp_path, topic, until_idle_s=3.0, checkpoint_every_s=60.0, checkpoint_every_steps=40,
+    cfg = config(tmp_path, topic, until_idle_s=1.0, checkpoint_every_s=60.0, checkpoint_every_steps=40,
                  window_events=4000, metric_window=6000)
     summary = train(cfg, kafka_settings)
     assert summary["events_learned"] == 120_000
