@@ -4,6 +4,7 @@ and on Ctrl-C or SIGTERM, within seconds."""
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import signal
 import sys
@@ -63,6 +64,8 @@ def ctrl_c_left_to_us():
 
 
 _exiting = threading.Event()
+# The watchdog's SIGKILL comes this long after the exit clock's own deadline (issue 47's bar is 5 s).
+WATCHDOG_MARGIN_S = 1.0
 
 
 def adopt_orphans() -> None:
@@ -154,15 +157,88 @@ def stop_on_signals(seconds: float) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-    read, write = os.pipe()
+    woken, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    read = _start_watchdog(woken, seconds + WATCHDOG_MARGIN_S)
     adopt_orphans()
     atexit.register(_reap_if_stopped, read)
 
     def watch() -> None:
-        while (number := os.read(read, 1)[0]) not in (signal.SIGINT, signal.SIGTERM):
+        while (got := os.read(read, 1)) and got[0] not in (signal.SIGINT, signal.SIGTERM):
             continue  # another signal with a Python handler (Ray's): not a stop
-        exit_within(seconds, 128 + number)
+        if got:  # else the watchdog is gone: this process is being stopped already
+            exit_within(seconds, 128 + got[0])
 
     threading.Thread(target=watch, name="stop-on-signal", daemon=True).start()
+
+
+def _start_watchdog(woken: int, seconds: float) -> int:
+    """Fork a watchdog that reads the signal numbers from `woken` (the wake-up fd's pipe) and hands
+    each on through the pipe whose read end it returns; `seconds` after a stop signal, if this
+    process still runs, it SIGKILLs it and its descendants. The exit clock is a thread of this
+    process and needs the GIL: C code that holds it (Ray's start-up, a library loading) held the
+    clock past its 3 s, and a fresh-clone CI run's SIGTERM 5 s into `train` took 6.7 s to stop.
+    Another process needs no GIL of ours. Forked before any thread starts; it leaves when this
+    process does. If the fork fails, the clock works alone, as before."""
+    read, forward = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        return woken
+    if pid:
+        os.close(forward)
+        os.close(woken)
+        return read
+    try:
+        _watch_over(os.getppid(), woken, forward, seconds)
+    finally:
+        os._exit(0)
+
+
+def _watch_over(parent: int, woken: int, forward: int, seconds: float) -> None:
+    """The watchdog's loop (see `_start_watchdog`): a terminal's Ctrl-C reaches it too (the same
+    process group), and it stops on its parent's signals only."""
+    import select
+
+    # Hold none of the command's files: a caller reading its output to the end (`$(streamlearn
+    # status)`, subprocess.run) would wait for the watchdog too.
+    quiet = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(quiet, fd)
+    for low, high in itertools.pairwise(sorted((2, woken, forward, os.sysconf("SC_OPEN_MAX")))):
+        os.closerange(low + 1, high)
+    signal.set_wakeup_fd(-1)
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_IGN)
+    deadline = None
+    while os.getppid() == parent:  # reparented: the command has exited, and so does its watchdog
+        wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+        if select.select([woken], [], [], wait)[0]:
+            numbers = os.read(woken, 64)
+            if not numbers:
+                return
+            os.write(forward, numbers)
+            if deadline is None and any(n in (signal.SIGINT, signal.SIGTERM) for n in numbers):
+                deadline = time.monotonic() + seconds
+        if deadline is not None and time.monotonic() >= deadline:
+            _kill_tree(parent)
+            return
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every descendant of it but this process, found before any is killed (once
+    it is dead its orphans go elsewhere)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [p for p in root.children(recursive=True) if p.pid != os.getpid()]
+    except psutil.Error:
+        return
+    for proc in (root, *tree):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
