@@ -90,12 +90,19 @@ def _kill_children() -> None:
         children = psutil.Process().children(recursive=True)
         if not children:
             return
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
+        _sigkill(children)
         psutil.wait_procs(children, timeout=0.5)  # reaps our own children; the rest die with theirs
+
+
+def _sigkill(procs) -> None:
+    """SIGKILL each of `procs` (psutil processes); one gone already is where it was sent."""
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def _reap_if_stopped(read_fd: int) -> None:
@@ -237,8 +244,4 @@ def _kill_tree(pid: int) -> None:
         tree = [p for p in root.children(recursive=True) if p.pid != os.getpid()]
     except psutil.Error:
         return
-    for proc in (root, *tree):
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    _sigkill([root, *tree])

@@ -31,6 +31,19 @@ time.sleep(1)
 """
 
 
+def _gone_within(pid: int, seconds: float) -> bool:
+    """Whether `pid` has exited (a zombie counts: it runs nothing) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _start(code: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
@@ -55,10 +68,7 @@ def test_a_command_holding_the_gil_is_killed_with_its_children_after_the_clock()
         except psutil.Error:
             pass
     assert command.returncode == -signal.SIGKILL and 1.0 <= took < 3.5, (command.returncode, took)
-    deadline = time.monotonic() + 2
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, f"its child {child} outlived it"
-        time.sleep(0.05)
+    assert _gone_within(child, 2), f"its child {child} outlived it"
 
 
 def test_the_watchdog_holds_none_of_the_command_s_files_and_leaves_with_it():
@@ -71,7 +81,4 @@ def test_the_watchdog_holds_none_of_the_command_s_files_and_leaves_with_it():
     assert all(held[fd] == os.devnull for fd in (0, 1, 2)), held
     assert all(target.startswith("pipe:") for fd, target in held.items() if fd > 2) and len(held) == 5, held
     assert command.stdout.read() == "" and command.wait(timeout=10) == 0
-    deadline = time.monotonic() + 2
-    while psutil.pid_exists(watchdogs[0]) and psutil.Process(watchdogs[0]).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, f"the watchdog {watchdogs[0]} outlived its command"
-        time.sleep(0.05)
+    assert _gone_within(watchdogs[0], 2), f"the watchdog {watchdogs[0]} outlived its command"
