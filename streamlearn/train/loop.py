@@ -48,6 +48,7 @@ from streamlearn.train.evidence import EvidenceSampler
 from streamlearn.train.inputs import WorkerInputs
 from streamlearn.train.learner import Learner
 from streamlearn.train.lineage import Counters, Lineage
+from streamlearn.train.optim import keep_dynamo_out
 from streamlearn.train.writer import CheckpointWriter, Reporter
 
 GIL_SWITCH_S = 0.0005
@@ -127,8 +128,7 @@ class Worker:
         phases = Phases(rank if not inputs.gen else 1000 * inputs.gen + rank, cfg.timeline,
                         process=f"rank{rank}.group{inputs.gen}" if inputs.gen else "")
         # All that is slow to start comes before a warm group's wait: Kafka clients, the model
-        # wrapped for DDP (its first use imports much of torch.distributed), the optimizer (torch.optim's
-        # first optimizer imports torch._dynamo: 3-4.5 s of one core here, measured).
+        # wrapped for DDP (its first use imports much of torch.distributed), the optimizer.
         stream = _stream_class(cfg, inputs.gen)(inputs.kafka, cfg.topic, cfg.dlq_topic, cfg.group_id, pipeline,
                                                 rank, world, phases,
                                                 rows_dir=_run_dir(cfg) / ROWS_DIR if cfg.feedback_rows else None)
@@ -136,6 +136,7 @@ class Worker:
         # --sync window: no DDP wrapper, each rank steps alone and the learner averages (averaging.py).
         model = ray.train.torch.prepare_model(pipeline.build_model(),
                                               parallel_strategy="ddp" if cfg.sync == "step" else None)
+        keep_dynamo_out()  # torch.optim would import torch._dynamo: 1.2-2 s of a core (train/optim.py)
         optimizer = pipeline.make_optimizer(model.parameters())
         trace_allreduce(model, phases)  # only with --timeline: DDP keeps its default reduction otherwise
         startup.mark("model_ready")

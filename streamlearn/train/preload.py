@@ -25,17 +25,15 @@ WORKER_RUNTIME_ENV = {"env_vars": {SETUP_HOOK_ENV: f"{__name__}.preload"}}
 
 
 def preload() -> None:
-    """Import what every training worker imports first: ~2 s of a core on a quiet machine, 5-10 s
+    """Import what every training worker imports first: ~3 s of a core on a quiet machine, more
     on a loaded one. In a process the warm pool started, this runs while it waits idle."""
     try:
         import ray.train.torch  # noqa: F401
-        import torch
 
         import streamlearn.train.loop  # noqa: F401
+        from streamlearn.train.optim import keep_dynamo_out
 
-        # torch.optim's first optimizer imports torch._dynamo (~1 s of a core quiet, ~3 s in a
-        # recovery on 2 cores, faults bench): a standby process does it while it waits.
-        torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+        keep_dynamo_out()  # the loop's optimizer then does not import torch._dynamo (train/optim.py)
     except Exception as e:  # the loop imports them again and fails there, with its own message
         log("preload_failed", level="warning", error=str(e)[:200])
 
