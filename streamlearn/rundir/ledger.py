@@ -23,6 +23,7 @@ from typing import Any
 
 from streamlearn.errors import CheckpointError
 from streamlearn.logs import log
+from streamlearn.rundir import checkpoint
 
 PIN_FILE = "PINNED"
 DECISIONS_DIR = "decisions"
@@ -119,6 +120,33 @@ class Ledger:
 
     def _path(self, version: int) -> Path:
         return self.dir / f"v{version:09d}.json"
+
+
+def pin_version(checkpoint_dir: str | Path, run_name: str, version: int) -> Path:
+    """Make every replica serve `version` (a rollback) until `unpin`. The checkpoint must
+    exist and pass its integrity check now, so a typo cannot pin the service to nothing."""
+    run_dir = Path(checkpoint_dir) / run_name
+    found = dict(checkpoint.list_checkpoints(run_dir))
+    if version not in found:
+        raise CheckpointError(f"no checkpoint version {version} under {run_dir}; "
+                              f"available: {sorted(found)[-10:] or 'none'}")
+    checkpoint.verify(found[version], checkpoint.MODEL)
+    tmp = run_dir / (PIN_FILE + ".tmp")
+    tmp.write_text(f"{version}\n")
+    os.replace(tmp, run_dir / PIN_FILE)  # replicas never read a half-written pin
+    log("serve_pinned", run_dir=str(run_dir), version=version)
+    return run_dir / PIN_FILE
+
+
+def unpin(checkpoint_dir: str | Path, run_name: str) -> bool:
+    """Let replicas follow the newest good checkpoint again. False if nothing was pinned."""
+    run_dir = Path(checkpoint_dir) / run_name
+    try:
+        (run_dir / PIN_FILE).unlink()
+    except FileNotFoundError:
+        return False
+    log("serve_unpinned", run_dir=str(run_dir))
+    return True
 
 
 def read_pin(run_dir: str | Path) -> int | None:

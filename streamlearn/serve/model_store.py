@@ -38,7 +38,16 @@ from streamlearn.logs import bind, log
 from streamlearn.phases import Phases
 from streamlearn.pipeline import Pipeline, load_pipeline
 from streamlearn.rundir import checkpoint
-from streamlearn.rundir.ledger import PIN_FILE, STAMP_SLACK, Decision, Ledger, held_versions, read_pin
+from streamlearn.rundir.ledger import (
+    PIN_FILE,
+    STAMP_SLACK,
+    Decision,
+    Ledger,
+    held_versions,
+    pin_version,
+    read_pin,
+    unpin,
+)
 from streamlearn.runfiles import read_last_jsonl
 from streamlearn.serve import paired
 from streamlearn.serve.config import ServeConfig
@@ -81,33 +90,6 @@ class _Rejected(Exception):
         self.kind, self.reason = kind, reason
 
 # ---- pin file: the rollback switch shared by every replica and the CLI -----------------
-
-def pin_version(checkpoint_dir: str | Path, run_name: str, version: int) -> Path:
-    """Make every replica serve `version` (a rollback) until `unpin`. The checkpoint must
-    exist and pass its integrity check now, so a typo cannot pin the service to nothing."""
-    run_dir = Path(checkpoint_dir) / run_name
-    found = dict(checkpoint.list_checkpoints(run_dir))
-    if version not in found:
-        raise CheckpointError(f"no checkpoint version {version} under {run_dir}; "
-                              f"available: {sorted(found)[-10:] or 'none'}")
-    checkpoint.verify(found[version], checkpoint.MODEL)
-    tmp = run_dir / (PIN_FILE + ".tmp")
-    tmp.write_text(f"{version}\n")
-    os.replace(tmp, run_dir / PIN_FILE)  # replicas never read a half-written pin
-    log("serve_pinned", run_dir=str(run_dir), version=version)
-    return run_dir / PIN_FILE
-
-
-def unpin(checkpoint_dir: str | Path, run_name: str) -> bool:
-    """Let replicas follow the newest good checkpoint again. False if nothing was pinned."""
-    run_dir = Path(checkpoint_dir) / run_name
-    try:
-        (run_dir / PIN_FILE).unlink()
-    except FileNotFoundError:
-        return False
-    log("serve_unpinned", run_dir=str(run_dir))
-    return True
-
 
 # ---- the store -----------------------------------------------------------------------
 
