@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+
+from confluent_kafka.admin import AdminClient
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
@@ -37,6 +40,27 @@ def ensure_topics(settings: KafkaSettings, topics: dict[str, int], configs: dict
                 pass  # a concurrent creator won the race: same outcome
     finally:
         admin.close()
+    if missing:
+        _await_leaders(settings, {t.name: t.num_partitions for t in missing})
+
+
+def _await_leaders(settings: KafkaSettings, topics: dict[str, int], timeout_s: float = 30.0) -> None:
+    """Return once every partition of `topics` has a leader in the broker's metadata. The
+    controller accepts a new topic before the brokers have applied it: a producer asking at once
+    was told the topic did not exist (a fresh-clone `make test` run, under load)."""
+    client = AdminClient(settings.confluent())
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = client.list_topics(timeout=10)
+        waiting = [name for name, n in topics.items()
+                   if (found := metadata.topics.get(name)) is None or found.error is not None
+                   or len(found.partitions) < n or any(p.leader < 0 for p in found.partitions.values())]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise KafkaUnavailable(f"topics {waiting} were created on {settings.bootstrap} but have no leaders "
+                                   f"after {timeout_s:.0f} s; is the broker overloaded?")
+        time.sleep(0.1)
 
 
 def _consumer(settings: KafkaSettings, group_id: str | None = None) -> KafkaConsumer:
