@@ -99,14 +99,20 @@ def test_exactly_once_through_aimed_kills(kafka, kafka_settings, ray_cluster, to
 
 
 def _assert_ray_data_failures(fault: dict, failures: list[dict], messages: list[str], directory) -> None:
-    if fault["point"] == "ray_data_slice_lost":  # called lost by rank 0, not left to the stall limit
-        # Rank 0 called the aimed loss first. A fresh-clone CI run (2026-11-27) had a second
-        # failure, in the restarted group, 56 s after the first (a restart plus a lost call; its
-        # message was not kept): Ray Data's own rare loss of a new Dataset's first slices
-        # (DECISIONS §1) fits. Any later one must be a diagnosed restart too, and the run above
-        # still ended exactly once.
-        assert failures and "Ray Data lost its slices" in failures[0]["message"], messages
-        assert all((f["rank"], f["error"]) == (0, "IngestError") for f in failures), messages
+    if fault["point"] == "ray_data_slice_lost":  # diagnosed at once, not left to the stall limit
+        # Rank 0 calls the window lost LOST_S after every lane read past it (the usual way: the
+        # ranks wait on the window while rank 0 plans ahead), unless the run's end comes first:
+        # rank 0 had planned the stream's last window within the lanes' look-ahead, the Dataset
+        # ended, and every rank says the window ended short (a fresh-clone run, 2026-12-02, with
+        # workers that start and learn faster). Either restarts the group from its checkpoint;
+        # tests/unit/test_raydata_stall.py holds the LOST_S call itself. A fresh-clone CI run
+        # (2026-11-27) had a second failure in the restarted group (a restart plus a lost call):
+        # Ray Data's own rare loss of a new Dataset's first slices (DECISIONS §1) fits. Any later
+        # one must be a diagnosed restart too, and the run above still ended exactly once.
+        diagnosed = ("Ray Data lost its slices", "the Ray Data stream ended on every rank")
+        assert failures and any(d in failures[0]["message"] for d in diagnosed), messages
+        assert all(f["error"] == "IngestError" and any(d in f["message"] for d in diagnosed)
+                   for f in failures), messages
     else:
         killed = faults.mark_of(directory, fault["spec"]).stat().st_mtime
         assert failures and all("Ray Data stream failed" in f["message"] for f in failures), messages
