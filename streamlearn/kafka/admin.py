@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
@@ -48,10 +49,14 @@ def _await_leaders(settings: KafkaSettings, topics: dict[str, int], timeout_s: f
     """Return once every partition of `topics` has a leader in the broker's metadata. The
     controller accepts a new topic before the brokers have applied it: a producer asking at once
     was told the topic did not exist (a fresh-clone `make test` run, under load)."""
-    client = AdminClient(settings.confluent())
+    client = AdminClient({**settings.confluent(), "log_level": 0})  # as replica_states: no librdkafka chatter
     deadline = time.monotonic() + timeout_s
     while True:
-        metadata = client.list_topics(timeout=10)
+        try:
+            metadata = client.list_topics(timeout=10)
+        except KafkaException as e:  # the broker went away while we waited: say so, not a traceback
+            raise KafkaUnavailable(f"no Kafka broker answered at {settings.bootstrap} while topics {sorted(topics)} "
+                                   f"were being created: {e.args[0].str()}") from None
         waiting = [name for name, n in topics.items()
                    if (found := metadata.topics.get(name)) is None or found.error is not None
                    or len(found.partitions) < n or any(p.leader < 0 for p in found.partitions.values())]
@@ -121,8 +126,6 @@ def replica_states(settings: KafkaSettings, topics: list[str]) -> dict[tuple[str
     """(topic, partition) -> its leader and replicas, as the cluster's metadata says now. On
     confluent-kafka, not kafka-python: this is asked while a broker is down, and kafka-python's admin
     sends the request to one broker and raises if that is the dead one (seen in the failover test)."""
-    from confluent_kafka.admin import AdminClient
-
     require_broker(settings)
     admin = AdminClient({**settings.confluent(), "log_level": 0})
     out = {}
