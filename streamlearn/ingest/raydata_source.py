@@ -60,14 +60,17 @@ from streamlearn.pipeline import Pipeline
 # A lane reads its share of each window and decodes it (JSON parsing is its CPU cost). On two
 # cores it must leave the trainers their share: a fraction, never Ray's 1 CPU.
 LANE_CPUS = 0.25
-# Windows fed ahead of the one being learned (RayDataStream.lookahead), and the recent windows the
-# feed keeps: a lane is at most LOOKAHEAD behind the newest, the rest is margin.
-LOOKAHEAD = 12
+# Windows fed ahead of the one being learned behind a backlog (RayDataStream.lookahead; 12 once
+# caught up with the stream), and the recent windows the feed keeps: a lane is at most LOOKAHEAD
+# behind the newest, the rest is margin.
+LOOKAHEAD = 24
 KEEP_WINDOWS = LOOKAHEAD + 20
 # The most windows a lane reads and sends as one block: those the feed already holds, never
-# waiting for more (at the stream's pace a block is one window, as before). A third of the
-# look-ahead, so a block in flight leaves the lane two more to read while the ranks learn it.
-WINDOWS_PER_BLOCK = 4
+# waiting for more (at the stream's pace a block is one window). A third of the look-ahead, so a
+# block in flight leaves the lane two more to read while the ranks learn it. With 2 workers on 2
+# cores, 24 ahead and 8 a block learned at 1.30-1.61x direct where 12 and 4 did 0.79-0.93x (4
+# alternating runs of 3 rounds, 2026-12-02; 24 and 4: 1.22x, 12 and 8: 0.86x; DECISIONS §1).
+WINDOWS_PER_BLOCK = 8
 # A lane that has waited this long on Kafka asks whether its group still lives before waiting
 # on: a lane of a group that is gone (failed, resized away) ends instead of reading for minutes.
 LANE_FETCH_TIMEOUT_S = 20.0

@@ -72,9 +72,12 @@ class RayDataStream:
     # Windows fed ahead of the one being learned. With one, every window waited out the whole
     # pipeline's latency (feed, read task, then a decode actor, split coordinator: ~0.5 s a
     # window on two cores, measured) and training ran at 0.39x the direct path. The cost is per window and
-    # block, not per event (8 lanes were 6x slower than 2 on 16 cores): 3 ahead gave 0.41x direct
-    # with 2 workers here, 12 gave 0.66x, 32 about the same (2026-12-01, 3 runs each), so 12.
+    # block, not per event (8 lanes were 6x slower than 2 on 16 cores): one window a block, 3 ahead
+    # gave 0.41x direct with 2 workers here, 12 0.66x, 32 about the same (2026-12-01); with blocks
+    # of up to 8 windows, 24 ahead pays (raydata_source.WINDOWS_PER_BLOCK). Caught up with the
+    # stream, 12: a window ahead there only holds new events back (train/loop.py: ReadAhead).
     lookahead = source.LOOKAHEAD
+    lookahead_at_pace = 12
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
                  rank: int, world: int, phases: Phases | None = None, rows_dir: Path | None = None,

@@ -38,7 +38,8 @@ class Stream(Protocol):
 
     reader: RangeReader | None
     dead_letters: DeadLetters
-    lookahead: int  # windows planned and reading beyond the one being learned
+    lookahead: int  # windows planned and reading beyond the one being learned, behind a backlog
+    lookahead_at_pace: int  # the same once caught up with the stream (train/loop.py: ReadAhead)
 
     @property
     def read_lanes(self) -> int: ...  # how many ways the planner cuts a window
@@ -73,7 +74,7 @@ class WorkerStream:
         self.join = make_join(pipeline, settings, topic, group_id, len(self.reader.partitions()),
                               rows_dir, matured=rank == 0) if spec else None
 
-    lookahead = 1  # windows planned and reading beyond the one being learned
+    lookahead = lookahead_at_pace = 1  # windows planned and reading beyond the one being learned
 
     @property
     def read_lanes(self) -> int:

@@ -193,7 +193,8 @@ class Worker:
 
     def run(self) -> None:
         """Window after window, each read while the one before it trains, until one says stop."""
-        readahead = ReadAhead(self.stream, self.coordinator, self.rank, self.phases, self.startup)
+        readahead = ReadAhead(self.stream, self.coordinator, self.rank, self.phases, self.startup,
+                              self.cfg.window_events)
         readahead.fill()
         self.startup.mark("first_window_planned")
         while True:
@@ -314,12 +315,15 @@ class Worker:
 class ReadAhead:
     """The windows planned and reading beyond the one being learned, oldest first: the stream's
     lookahead (the direct path reads one window ahead; Ray Data's pipeline needs several in flight
-    to not wait on its own latency), and none past the window that stops the run. The same on
-    every rank: each gets every plan from rank 0."""
+    to not wait on its own latency), and none past the window that stops the run. Behind a
+    backlog (the last window planned came out full) the stream's `lookahead`; caught up, its
+    `lookahead_at_pace`, as there more windows ahead only hold new events back longer. The same
+    on every rank: each gets every plan from rank 0."""
 
     def __init__(self, stream: Stream, coordinator: Coordinator | None, rank: int, phases: Phases,
-                 startup: Startup):
+                 startup: Startup, full_window: int):
         self.stream, self.coordinator, self.rank, self.phases, self.startup = stream, coordinator, rank, phases, startup
+        self.full_window = full_window  # events in a window planned behind a backlog (window_events)
         self.ahead: deque[tuple[Window, Any]] = deque()  # (window, its read under way)
         self.last: Window | None = None
 
@@ -347,7 +351,11 @@ class ReadAhead:
         return window, batch, sizes
 
     def _due(self) -> bool:
-        return len(self.ahead) < self.stream.lookahead and not (self.last is not None and self.last.stop)
+        if self.last is None:
+            return True
+        behind = self.last.size >= self.full_window
+        return len(self.ahead) < (self.stream.lookahead if behind else self.stream.lookahead_at_pace) \
+            and not self.last.stop
 
     def _read(self, planned: Window) -> None:
         self.ahead.append((planned, self.stream.prefetch(planned)))

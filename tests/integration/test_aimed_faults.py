@@ -62,8 +62,12 @@ RUNS = [
     # decoded (in a lane, a window ahead) and who commits after a publish.
     ("before_dead_letter_flush@rank1#2,after_publish_before_commit@rank0#3", "ray-data"),
     ("ray_data_slice_lost@rank1#3", "ray-data"),  # its own run: a lane death could race it
-    ("ray_data_lane_dies#12", "ray-data"),  # its own run: lanes read 12 windows ahead of the kills above
+    ("ray_data_lane_dies#12", "ray-data"),  # its own run: lanes read 24 windows ahead of the kills above
 ]
+# A run of one kill: 40 windows of 1,000 events, so rank 1 receives its third block (a lane sends
+# up to 8 windows a block behind a backlog, raydata_source.WINDOWS_PER_BLOCK; 16 windows gave
+# each rank about two, and the slice-lost fault never fired).
+ONE_KILL_EVENTS = 40_000
 
 
 def _named(spec: str) -> str:
@@ -78,8 +82,8 @@ def test_exactly_once_through_aimed_kills(kafka, kafka_settings, ray_cluster, to
     # Several kills: a checkpoint every window (3 steps of 256 events < 1,000), so that the four
     # direct ones leave 11 windows durable before the last group, which finds 9 more. One kill:
     # one every third window.
-    run_load(kafka.bootstrap, topic, partitions=4, count=20_000 if len(kills) > 1 else 16_000, bad_fraction=0.03,
-             seed=31)
+    run_load(kafka.bootstrap, topic, partitions=4, count=20_000 if len(kills) > 1 else ONE_KILL_EVENTS,
+             bad_fraction=0.03, seed=31)
     cfg = config(tmp_path, topic, window_events=1000, checkpoint_every_steps=3 if len(kills) > 1 else 8,
                  checkpoint_every_s=3600.0, until_idle_s=1.0, max_failures=len(kills) + 1, ingest=ingest)
     monkeypatch.setenv("STREAMLEARN_FAULT", spec)
