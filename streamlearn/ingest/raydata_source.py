@@ -60,10 +60,11 @@ from streamlearn.pipeline import Pipeline
 # A lane reads its share of each window and decodes it (JSON parsing is its CPU cost). On two
 # cores it must leave the trainers their share: a fraction, never Ray's 1 CPU.
 LANE_CPUS = 0.25
-# Windows fed ahead of the one being learned behind a backlog (RayDataStream.lookahead; 12 once
-# caught up with the stream), and the recent windows the feed keeps: a lane is at most LOOKAHEAD
-# behind the newest, the rest is margin.
+# Windows fed ahead of the one being learned behind a backlog (RayDataStream.lookahead) and once
+# caught up with the stream (train/loop.py: ReadAhead), and the recent windows the feed keeps: a
+# lane is at most LOOKAHEAD behind the newest, the rest is margin.
 LOOKAHEAD = 24
+LOOKAHEAD_AT_PACE = 12
 KEEP_WINDOWS = LOOKAHEAD + 20
 # The most windows a lane reads and sends as one block: those the feed already holds, never
 # waiting for more (at the stream's pace a block is one window). A third of the look-ahead, so a

@@ -77,7 +77,7 @@ class RayDataStream:
     # of up to 8 windows, 24 ahead pays (raydata_source.WINDOWS_PER_BLOCK). Caught up with the
     # stream, 12: a window ahead there only holds new events back (train/loop.py: ReadAhead).
     lookahead = source.LOOKAHEAD
-    lookahead_at_pace = 12
+    lookahead_at_pace = source.LOOKAHEAD_AT_PACE
 
     def __init__(self, settings: KafkaSettings, topic: str, dlq_topic: str, group_id: str, pipeline: Pipeline,
                  rank: int, world: int, phases: Phases | None = None, rows_dir: Path | None = None,

@@ -353,9 +353,10 @@ class ReadAhead:
     def _due(self) -> bool:
         if self.last is None:
             return True
+        if self.last.stop:
+            return False
         behind = self.last.size >= self.full_window
-        return len(self.ahead) < (self.stream.lookahead if behind else self.stream.lookahead_at_pace) \
-            and not self.last.stop
+        return len(self.ahead) < (self.stream.lookahead if behind else self.stream.lookahead_at_pace)
 
     def _read(self, planned: Window) -> None:
         self.ahead.append((planned, self.stream.prefetch(planned)))
