@@ -255,7 +255,6 @@ def serve_up(pipeline: str = ServeConfig.pipeline,
              bootstrap: str | None = BOOTSTRAP):
     """Deploy the scorer on a running Ray cluster; it follows the newest checkpoint."""
     from streamlearn.localray import join_ray
-    from streamlearn.serve import deploy
 
     scores_bootstrap = ""
     if scores_topic:
@@ -265,6 +264,10 @@ def serve_up(pipeline: str = ServeConfig.pipeline,
         ensure_topics(kafka, {scores_topic: 1})
         scores_bootstrap = kafka.bootstrap
     join_ray(address, local_if_none=False, configure_logging=False)
+    # The scorer (torch, Ray Serve: ~3 CPU-s of imports) only once a cluster answered: a dead
+    # address is named in about a second, not after them.
+    from streamlearn.serve import deploy
+
     print(deploy(ServeConfig(checkpoint_dir=checkpoint_dir, pipeline=pipeline, run_name=run_name, host=host,
                              port=port, min_replicas=min_replicas, max_replicas=max_replicas,
                              swap_delay_s=swap_delay_s, timeline=str(Path(timeline).resolve()) if timeline else "",
