@@ -136,3 +136,31 @@ def test_serve_run_config_file_serves_and_stops_on_ctrl_c(serve_run):
     print(f"serve run: exited {time.monotonic() - stopping:.1f}s after SIGINT")
     assert wait_for(lambda: not serve_running(), timeout=30), "Serve still runs on the cluster"
     assert wait_for(lambda: not port_open(port), timeout=30), f"port {port} still answers"
+
+
+def test_streamlearn_serve_up_deploys_on_the_cluster_it_names_and_returns(ray_cluster, tmp_path):
+    """`streamlearn serve up`, the operator's command (docs/OPERATIONS.md), as a subprocess: it
+    joins the cluster --address names, deploys the scorer, prints its URL and exits; the scorer
+    goes on serving the checkpoint directory it was given. It joins Ray before it imports the
+    scorer (cli.serve_up), so this is the one test of that order on a cluster that answers."""
+    from ray import serve
+
+    assert wait_for(lambda: not serve_running(), timeout=30), \
+        "Serve is still running on the session cluster: a test module left it up"
+    port, checkpoint_dir = free_port(), tmp_path / "checkpoints"
+    path = write_checkpoint(checkpoint_dir / "fraud", 1, auc=0.80)
+    command = [sys.executable, "-m", "streamlearn.cli", "serve", "up", "--checkpoint-dir", str(checkpoint_dir),
+               "--port", str(port), "--min-replicas", "1", "--max-replicas", "1",
+               "--address", ray_cluster.address_info["gcs_address"]]
+    try:
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        url = done.stdout.strip().splitlines()[-1]
+        assert url == f"http://127.0.0.1:{port}", done.stdout[-1000:]
+        scored = httpx.post(f"{url}/score", json=EVENT, timeout=10)
+        assert scored.status_code == 200, scored.text
+        assert scored.json()["version"] == 1
+        assert scored.json()["scores"][0] == pytest.approx(expected_score(path), abs=1e-6)
+    finally:
+        serve.shutdown()  # Serve keeps its first proxy settings per cluster: the next module deploys its own
+    assert wait_for(lambda: not serve_running(), timeout=30), "Serve still runs on the cluster"
