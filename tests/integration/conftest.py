@@ -55,7 +55,6 @@ def ray_cluster(tmp_path_factory):
     from streamlearn.demo import start_ray
     from streamlearn.kafka.broker import free_port
 
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "1")
     # Metrics sent every second, not every 10 s: test_metrics reads them soon after they move,
     # and a finished run waits one interval so its last lag sample is sent (trainer.train).
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
