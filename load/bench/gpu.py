@@ -2,7 +2,7 @@
 direct at 4 workers (its read lanes on the cores the trainers leave), and the GPU path (`--use-gpu`:
 NCCL, the model and every batch on CUDA), against the plain loop, in the same run on the same data.
 
-    python -m load.bench.gpu [--events 200000] [--runs 3]   # a 16-core, 1-GPU machine
+    python -m load.bench.gpu [--events 1200000] [--runs 3]   # a 16-core, 1-GPU machine
     python -m load.bench.gpu --skip kill,baseline-cuda,nccl-1   # what a lease of 9 minutes holds (below)
     python -m load.bench.gpu --cpu-only --workers 1,2 --events 20000 --runs 1 --out DIR   # its test here
 
@@ -19,6 +19,10 @@ leaves the rounds it held. `--cpu-only` leaves out the CUDA contenders (the kill
 `kill`, the kill check): a round of all of them took ~4 minutes on the lent H200, mostly each
 group's ~25-s start, so three rounds and the kill outlast one 10-minute call; the CUDA contenders
 and the kill were measured there on 2026-11-27 (docs/bench/gpu.json keeps what a run skipped).
+1.2M events by default, as ingest.py: the 400k of the last lease left 8 workers ~0.7 s and 4
+workers ~1 s of steady learning after a ~20-s start, too short a sample to rank anything by; the
+extra 800k add ~30 s of learning to a round there (from ~115k events/s for the loop and ~65k
+for Ray Data to ~550k at 8 workers), so `--skip` what a shorter lease cannot hold rather than `--events`.
 The topic has 8 partitions (`--partitions`): with fewer partitions than ranks the direct path
 cuts each partition's range into per-rank slices, which is not how an 8-worker job is deployed.
 """
@@ -118,7 +122,7 @@ def killed_and_restored(bootstrap: str, events: int, home, use_gpu: bool = True)
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--events", type=int, default=1_200_000)  # as ingest.py: a steady span, not a start
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", default="1,2,4,8", help="gloo group sizes (ray-data-4 runs when 4 is one)")
     parser.add_argument("--cpu-only", action="store_true", help="no CUDA contenders; the kill runs on the CPU")
