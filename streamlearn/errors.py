@@ -41,5 +41,9 @@ class IngestError(StreamlearnError):
     """The Ray Data stream broke the window contract (ended early, or more rows than offsets)."""
 
 
+class WorkerStartError(StreamlearnError):
+    """Ray Train's workers died as they started, group after group; the message names the cause."""
+
+
 class ServeError(StreamlearnError):
     """The scorer was deployed but does not answer at its URL."""

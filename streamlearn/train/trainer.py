@@ -102,6 +102,8 @@ def _trainer_class():
     from ray.train.v2._internal.callbacks import DatasetsCallback  # internal; Ray is pinned to 2.60
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
+    from streamlearn.train.failures import BoundedStarts
+
     class Cleaner(PlacementGroupCleanerCallback):
         """Ray Train's placement-group cleaner, asking less often and stopped without a wait.
         Its detached actor asks the dashboard's State API whether the controller lives, every
@@ -121,6 +123,11 @@ def _trainer_class():
         def _create_default_callbacks(self):
             return [Cleaner() if isinstance(cb, PlacementGroupCleanerCallback) else cb
                     for cb in super()._create_default_callbacks() if not isinstance(cb, DatasetsCallback)]
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs):
+            # Ray Train's policy with a bound on groups that die as they start (train/failures.py).
+            policy = BoundedStarts(self.run_config.failure_config)
+            return super()._initialize_and_run_controller(**{**controller_init_kwargs, "failure_policy": policy})
 
     return Trainer
 
@@ -189,6 +196,7 @@ def _run_groups(cfg: TrainConfig, kafka: KafkaSettings, controller, workers: int
     """Run groups until training ends: one learns at a time; during a warm resize the next one
     starts beside it and takes over at the checkpoint the old one stops at."""
     from streamlearn.autoscale.controller import call
+    from streamlearn.train.failures import never_started
 
     def start(n: int, gen: int, warm: bool = False) -> _Group:
         group = _Group(build_trainer(replace(cfg, workers=n), kafka, controller, gen=gen, warm=warm,
@@ -227,6 +235,8 @@ def _run_groups(cfg: TrainConfig, kafka: KafkaSettings, controller, workers: int
             warm.join()  # its workers go home without restoring
             warm = None
         if running.error is not None:
+            if (why := never_started(running.error)) is not None:
+                raise why from running.error
             raise running.error
         if mode != "cold" or _budget_spent(cfg, consumed_at_start):
             for group in retiring:
