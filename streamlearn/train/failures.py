@@ -82,7 +82,7 @@ class BoundedStarts(DefaultFailurePolicy):
     def make_decision(self, training_failed_error) -> FailureDecision:
         if not isinstance(training_failed_error, ControllerError):
             self.starts_failed = 0  # a group started since (a worker failure comes from a running group)
-        elif isinstance(training_failed_error.controller_failure, WorkerGroupStartupFailedError):
+        elif _start_failed(training_failed_error):
             self.starts_failed += 1
             if self.starts_failed >= STARTS_FAILED_IN_A_ROW:
                 log("workers_never_started", level="error", tries=self.starts_failed,
@@ -93,8 +93,7 @@ class BoundedStarts(DefaultFailurePolicy):
 
 def never_started(error: BaseException) -> WorkerStartError | None:
     """What to tell the user when a run ended because its workers could not start, else None."""
-    if not (isinstance(error, ControllerError)
-            and isinstance(error.controller_failure, WorkerGroupStartupFailedError)):
+    if not _start_failed(error):
         return None
     return WorkerStartError(
         f"Ray Train's workers died as they started, {STARTS_FAILED_IN_A_ROW} groups in a row: "
@@ -107,9 +106,16 @@ def never_started(error: BaseException) -> WorkerStartError | None:
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .+$", re.MULTILINE)
 
 
+def _start_failed(error: BaseException) -> bool:
+    """Ray Train's error for a group whose workers died as they started (not a wait for resources)."""
+    return isinstance(error, ControllerError) and isinstance(error.controller_failure, WorkerGroupStartupFailedError)
+
+
 def root_cause(error: BaseException) -> str:
     """The innermost exception line in the text Ray Train gives for a failed start (its
     workers' tracebacks are text by then), else the text's first line."""
-    text = str(error)
+    text = str(error).strip()
     lines = [m.group(0) for m in _EXCEPTION_LINE.finditer(text) if not m.group(0).startswith("ray.")]
-    return (lines[-1] if lines else text.strip().splitlines()[0] if text.strip() else repr(error))[:500]
+    if lines:
+        return lines[-1][:500]
+    return text.splitlines()[0][:500] if text else repr(error)
