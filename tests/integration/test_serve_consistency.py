@@ -30,7 +30,9 @@ from .test_faults import Producing, replicas, running_replicas
 from .test_serve import EVENT, wait_for
 from .test_training import assert_exactly_once
 
-pytestmark = pytest.mark.integration
+# Alone (`make test` runs it after the parallel workers): it counts the versions callers saw before
+# the kill, and beside another test its clients, slowed, saw 6 of the 7 it needs (12-04).
+pytestmark = [pytest.mark.integration, pytest.mark.solo]
 
 CLIENTS = 4
 SWAPS = 6  # the issue asks for 5 or more
