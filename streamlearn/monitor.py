@@ -253,13 +253,10 @@ def query(base_url: str, expr: str, timeout: float = 5.0) -> list[dict]:
 
 def _reachable(address: str, timeout_s: float = 3.0) -> None:
     """Fail in seconds where nothing listens: ray.init would retry the address for minutes."""
-    if address == "auto":  # what ray.init picks: $RAY_ADDRESS, else the machine's current cluster record
-        address = os.environ.get("RAY_ADDRESS", "")
-        if not address:
-            try:
-                address = (Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster").read_text().strip()
-            except OSError:
-                return  # none recorded: ray.init says so at once
+    if address == "auto":
+        from streamlearn.localray import auto_address
+
+        address = auto_address()
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return

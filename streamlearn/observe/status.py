@@ -28,7 +28,6 @@ from rich.text import Text
 
 NAMESPACE = "streamlearn"
 TOKEN_ENV = "STREAMLEARN_SERVE_TOKEN"  # streamlearn.serve's, spelled here: importing it loads torch (~18 s)
-CURRENT_CLUSTER_FILE = "/tmp/ray/ray_current_cluster"  # where `ray start` (and our local heads) record it
 UNAVAILABLE = "unavailable"
 MAX_PARTITIONS_SHOWN = 12
 
@@ -446,13 +445,10 @@ def _auth_mode(dashboard: str, timeout_s: float) -> str | None:
 
 def _probe(address: str, timeout_s: float = 3.0) -> None:
     """Fail in seconds on an address nothing listens at: ray.init would retry it for minutes."""
-    if address == "auto":  # what ray.init would pick: $RAY_ADDRESS, else the machine's current cluster
-        address = os.environ.get("RAY_ADDRESS", "")
-        if not address:
-            try:
-                address = Path(CURRENT_CLUSTER_FILE).read_text().strip()
-            except OSError:
-                return  # no cluster recorded: ray.init says so at once
+    if address == "auto":
+        from streamlearn.localray import auto_address
+
+        address = auto_address()
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return
