@@ -9,9 +9,7 @@ after it (`training_left_behind`), not inherited by every test after it.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import time
 import uuid
 
@@ -28,20 +26,6 @@ pytestmark = pytest.mark.integration
 # compiling (26.4 -> 16.2 CPU-s over 45 s at 300 events/s; 27.1 -> 16.9 over eight 60k-event
 # rounds). Set here, so the brokers that CLIs and demos start in child processes inherit it.
 os.environ.setdefault(PERFORMANCE_OPTS_VAR, " ".join([*JVM_PERFORMANCE_FLAGS, "-XX:TieredStopAtLevel=1"]))
-
-# `make test` runs two pytest-xdist workers, each starting a session Ray and Kafka of its own.
-# Ray's machine-wide files (its temp dir: the current-cluster record, Prometheus' discovery file,
-# session logs) go to a directory of the worker's, which every Ray and CLI it starts inherits.
-# Short, under /tmp: Ray's socket paths live below it. Removed after a session that passed.
-OWN_RAY_TMPDIR = None
-if os.environ.get("PYTEST_XDIST_WORKER") and "RAY_TMPDIR" not in os.environ:
-    OWN_RAY_TMPDIR = tempfile.mkdtemp(prefix=f"slx-{os.environ['PYTEST_XDIST_WORKER']}-", dir="/tmp")
-    os.environ["RAY_TMPDIR"] = OWN_RAY_TMPDIR
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if OWN_RAY_TMPDIR and exitstatus == 0:
-        shutil.rmtree(OWN_RAY_TMPDIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -30,9 +30,7 @@ from .test_faults import Producing, replicas, running_replicas
 from .test_serve import EVENT, wait_for
 from .test_training import assert_exactly_once
 
-# Alone (`make test` runs it after the parallel workers): it counts the versions callers saw before
-# the kill, and beside another test its clients, slowed, saw 6 of the 7 it needs (12-04).
-pytestmark = [pytest.mark.integration, pytest.mark.solo]
+pytestmark = pytest.mark.integration
 
 CLIENTS = 4
 SWAPS = 6  # the issue asks for 5 or more
