@@ -127,12 +127,6 @@ def recorded_cluster() -> tuple[str | None, str]:
     return read_ray_address(), get_ray_address_file(None)
 
 
-def auto_address() -> str:
-    """What `ray.init(address="auto")` connects to: $RAY_ADDRESS, else the machine's record (in Ray's
-    temp dir, RAY_TMPDIR if set), else "" (none: ray.init says so at once)."""
-    return os.environ.get("RAY_ADDRESS") or recorded_cluster()[0] or ""
-
-
 def forget_recorded(address: str) -> None:
     """What `ray stop` does for the record: remove it if it still names `address` (a cluster
     started later by someone else keeps its record). Left behind, the record sent every later

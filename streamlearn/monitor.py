@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -61,11 +60,12 @@ def cluster_discovery_file(address: str = "auto") -> Path:
     its head node: the file is local there). Finds clusters started with any --temp-dir."""
     import ray
 
+    from streamlearn.localray import join_ray  # refuses in seconds an address nothing answers at
+
     if ray.is_initialized():
         return session_discovery_file()
-    _reachable(address)
     try:
-        ray.init(address=address, configure_logging=False, log_to_driver=False)
+        join_ray(address, local_if_none=False, configure_logging=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ConfigError(f"no running Ray cluster at {address!r} ({str(e)[:200]}); start one first, or pass "
                           f"--discovery-file <ray temp dir>/{DISCOVERY_NAME}") from None
@@ -249,22 +249,6 @@ def query(base_url: str, expr: str, timeout: float = 5.0) -> list[dict]:
     if body.get("status") != "success":
         raise MonitorError(f"Prometheus query {expr!r} failed: {body.get('error')}")
     return body["data"]["result"]
-
-
-def _reachable(address: str, timeout_s: float = 3.0) -> None:
-    """Fail in seconds where nothing listens: ray.init would retry the address for minutes."""
-    if address == "auto":
-        from streamlearn.localray import auto_address
-
-        address = auto_address()
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise ConfigError(f"no Ray cluster answers at {address} ({e}); start one first, or pass "
-                          f"--discovery-file <ray temp dir>/{DISCOVERY_NAME}") from None
 
 
 def _is_prometheus(pid: int) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -355,10 +354,11 @@ class Sources:
         try:
             import ray
 
+            from streamlearn.localray import join_ray  # refuses in seconds an address nothing answers at
+
             if not ray.is_initialized():
-                _probe(self.address)
-                ray.init(address=self.address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
-                         configure_logging=False)
+                join_ray(self.address, local_if_none=False, namespace=NAMESPACE, logging_level="ERROR",
+                         log_to_driver=False, configure_logging=False)
         except Exception as e:
             if "uthentication" in str(e):  # an explicit address never turns token auth on by itself
                 return None, (f"the Ray cluster at --address {self.address} wants its token ({_first_line(e)}): "
@@ -441,19 +441,6 @@ def _auth_mode(dashboard: str, timeout_s: float) -> str | None:
             return json.loads(response.read()).get("authentication_mode")
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def _probe(address: str, timeout_s: float = 3.0) -> None:
-    """Fail in seconds on an address nothing listens at: ray.init would retry it for minutes."""
-    if address == "auto":
-        from streamlearn.localray import auto_address
-
-        address = auto_address()
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return
-    with socket.create_connection((host, int(port)), timeout=timeout_s):
-        pass
 
 
 def _first_line(e: Exception) -> str:

@@ -70,22 +70,21 @@ def test_answers_tells_a_listening_port_from_a_dead_one():
 
 
 def test_status_and_monitor_read_the_record_where_ray_does(ray_tmp, monkeypatch):
-    """`streamlearn status` and `streamlearn monitor` resolve "auto" as ray.init does: RAY_TMPDIR's
-    record, not /tmp/ray's (they read /tmp/ray's, so with RAY_TMPDIR set they probed another
-    cluster's address, or none); a dead one is refused in seconds, named."""
+    """`streamlearn status` and `streamlearn monitor` join Ray as every command does (join_ray):
+    RAY_TMPDIR's record, not /tmp/ray's (they read /tmp/ray's, so with RAY_TMPDIR set they probed
+    another cluster's address, or none); a dead one is refused in seconds, named."""
+    import ray
+
     from streamlearn import monitor
     from streamlearn.errors import ConfigError
-    from streamlearn.localray import auto_address
-    from streamlearn.observe import status
+    from streamlearn.observe.status import Sources
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
-    assert auto_address() == ""  # nothing recorded: ray.init says so itself
     (ray_tmp / "ray" / "ray_current_cluster").write_text(DEAD)
-    assert auto_address() == DEAD
-    with pytest.raises(OSError):
-        status._probe("auto", timeout_s=2.0)
+    started = time.monotonic()
+    figures, problem = Sources(address="auto", run_name="r", serve_url="http://127.0.0.1:1").controller()
+    assert figures is None and DEAD in problem
     with pytest.raises(ConfigError, match=DEAD):
-        monitor._reachable("auto", timeout_s=2.0)
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:2")  # the variable comes first, as for ray.init
-    assert auto_address() == "127.0.0.1:2"
+        monitor.cluster_discovery_file("auto")
+    assert time.monotonic() - started < 30 and not ray.is_initialized()
