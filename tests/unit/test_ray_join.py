@@ -56,6 +56,8 @@ def test_a_dead_ray_address_is_named_with_where_it_came_from(ray_tmp):
     assert f"no Ray cluster answers at {DEAD} (RAY_ADDRESS)" in done.stderr and took < 60
     done, _took = streamlearn(["serve", "up", "--address", DEAD], ray_tmp)
     assert f"no Ray cluster answers at {DEAD} (--address)" in done.stderr
+    done, _took = streamlearn(["drain", "--address", DEAD], ray_tmp)
+    assert done.returncode == 2 and f"no Ray cluster answers at {DEAD} (--address)" in done.stderr, done.stderr
 
 
 def test_answers_tells_a_listening_port_from_a_dead_one():
@@ -69,22 +71,37 @@ def test_answers_tells_a_listening_port_from_a_dead_one():
     assert not answers(DEAD) and not answers("no-port")
 
 
-def test_status_and_monitor_read_the_record_where_ray_does(ray_tmp, monkeypatch):
+# In a process of its own: this one may have joined the suite's Ray already (a run of tests/integration
+# before tests/unit), and then every command here would find that connection and ask it instead.
+STATUS_AND_MONITOR = """
+import json
+import ray
+from streamlearn import monitor
+from streamlearn.errors import ConfigError
+from streamlearn.observe.status import Sources
+figures, problem = Sources(address="auto", run_name="r", serve_url="http://127.0.0.1:1").controller()
+try:
+    monitor.cluster_discovery_file("auto")
+    refused = None
+except ConfigError as e:
+    refused = str(e)
+print(json.dumps({"figures": figures, "problem": problem, "refused": refused, "joined": ray.is_initialized()}))
+"""
+
+
+def test_status_and_monitor_read_the_record_where_ray_does(ray_tmp):
     """`streamlearn status` and `streamlearn monitor` join Ray as every command does (join_ray):
     RAY_TMPDIR's record, not /tmp/ray's (they read /tmp/ray's, so with RAY_TMPDIR set they probed
     another cluster's address, or none); a dead one is refused in seconds, named."""
-    import ray
+    import json
 
-    from streamlearn import monitor
-    from streamlearn.errors import ConfigError
-    from streamlearn.observe.status import Sources
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
     (ray_tmp / "ray" / "ray_current_cluster").write_text(DEAD)
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(ray_tmp)}
     started = time.monotonic()
-    figures, problem = Sources(address="auto", run_name="r", serve_url="http://127.0.0.1:1").controller()
-    assert figures is None and DEAD in problem
-    with pytest.raises(ConfigError, match=DEAD):
-        monitor.cluster_discovery_file("auto")
-    assert time.monotonic() - started < 30 and not ray.is_initialized()
+    done = subprocess.run([sys.executable, "-c", STATUS_AND_MONITOR], capture_output=True, text=True, timeout=120,
+                          env=environ)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["figures"] is None and DEAD in seen["problem"]
+    assert seen["refused"] and DEAD in seen["refused"]
+    assert time.monotonic() - started < 30 and not seen["joined"]
