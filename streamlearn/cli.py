@@ -373,6 +373,22 @@ def status(address: str = typer.Option("auto", help="Ray cluster: 'auto', HOST:6
                        run_dir=Path(checkpoint_dir).expanduser() / name), once=once, interval_s=interval)
 
 
+@app.command()
+def drain(address: str = typer.Option("auto", help="Ray cluster: 'auto', HOST:6379 or ray://HOST:10001."),
+          pipeline: str = TrainConfig.pipeline,
+          run_name: str = typer.Option(TrainConfig.run_name, help="Run name (default: the pipeline name).")):
+    """Ask a running `streamlearn train` to learn what its topic holds now, then end, with its last
+    checkpoint and commit, as --until-idle would (e.g. once its producers have finished)."""
+    from streamlearn.autoscale.controller import NAMESPACE, request_drain
+    from streamlearn.localray import join_ray
+
+    name = TrainConfig(pipeline=pipeline, run_name=run_name).run_name
+    join_ray(address, local_if_none=False, namespace=NAMESPACE, configure_logging=False, log_to_driver=False)
+    ends = request_drain(name)
+    print(f"run {name!r} drains: it ends once it has learned its topic up to {sum(ends.values())} offsets "
+          f"({json.dumps(ends)} by partition)")
+
+
 timeline_app = typer.Typer(no_args_is_help=True, help="The per-rank Chrome traces written by `train --timeline`.")
 app.add_typer(timeline_app, name="timeline")
 

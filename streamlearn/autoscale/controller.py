@@ -116,6 +116,7 @@ class ScaleController:
         self._base = 0  # events learned by earlier groups (each group's rank 0 counts from zero)
         self._requester = None  # our requests to Ray's AutoscalingCoordinator
         self._told_to_stop = False  # the running group's rank 0 has been told to stop for a resize
+        self._drain_to: dict[int, int] | None = None  # `drain`: the run ends once it learned up to these
         self.learning = False  # whether the running group has taken its first step
         self.resizes: deque[dict[str, Any]] = deque(maxlen=20)
         self.pool = WarmPool(cfg.cpus_per_worker, self.pipeline) if cfg.warm_pool else None
@@ -155,8 +156,25 @@ class ScaleController:
                     self.pool.group_started(time.time())
 
     @ray.method(enable_task_events=False)
-    def resize_due(self) -> int | None:
-        """The running group's rank 0 polls this: a worker count to stop for now, or None."""
+    def stop_due(self) -> tuple[int | None, dict[int, int] | None]:
+        """The running group's rank 0 polls this: a worker count to stop for now (or None), and
+        the end offsets to drain to (`drain`; None: no drain asked)."""
+        return self._resize_due(), self._drain_to
+
+    def drain(self) -> dict[int, int]:
+        """`streamlearn drain`: learn what the topic holds now, then end the run. Rank 0 stops at
+        its first plan past these end offsets that finds nothing new, as --until-idle stops once
+        the stream has been empty that long; a group started later (a restart, a resize) hears it
+        too. The offsets, not "nothing new" alone: a partition's new leader can answer a high
+        watermark behind the old one's for a moment, and rank 0 would have stopped short."""
+        from streamlearn.kafka.admin import end_offsets
+
+        ends = end_offsets(self.kafka.kafka, self.cfg.topic)  # its own client: the sampler's is its thread's
+        self._drain_to = ends
+        log("drain_requested", pipeline=self.pipeline, end_offsets=ends)
+        return ends
+
+    def _resize_due(self) -> int | None:
         with self._lock:
             self._begin_resize()
             to = self.resizer.stop_due()
@@ -386,3 +404,18 @@ def start_controller(cfg: TrainConfig, kafka: KafkaSettings, policy: ScalingPoli
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return ScaleController.options(name=name, namespace=NAMESPACE, scheduling_strategy=here).remote(
         cfg, kafka, policy, workers, sample_s)
+
+
+def request_drain(run_name: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """Ask run `run_name` (on the Ray cluster this process joined) to learn what its topic holds
+    now and end: the exactly-once end of a run whose producers have finished, without waiting
+    out an idle stop. Returns the end offsets it drains to; ConfigError when no such run trains."""
+    from streamlearn.errors import ConfigError
+
+    name = actor_name(run_name)
+    try:
+        controller = ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        raise ConfigError(f"no actor {name!r} in Ray namespace {NAMESPACE!r}: is `streamlearn train` (run name "
+                          f"{run_name!r}) running on this cluster? Pass --run-name otherwise") from None
+    return ray.get(controller.drain.remote(), timeout=timeout_s)

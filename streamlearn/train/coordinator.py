@@ -30,7 +30,7 @@ MAX_IDLE_TICK_S = 2.0
 # While the backlog already seen covers a whole window, plan from the watermarks last asked
 # for, this long at most: a query is a broker round trip per partition, on every window.
 MAX_WATERMARK_AGE_S = 1.0
-# How often rank 0 asks the controller, beside training, whether to stop for a resize.
+# How often rank 0 asks the controller, beside training, whether to stop (a resize, a drain).
 RESIZE_POLL_S = 0.5
 
 
@@ -77,9 +77,8 @@ class Coordinator:
         highs = self._high_watermarks()
         now = self.clock()
         self._track_idle(highs, now)
-        idle_stop = self.cfg.until_idle_s is not None and self.idle_s >= self.cfg.until_idle_s
         window = self.planner.next(highs or {}, label_highs=self._label_highs if highs else None,
-                                   stop=idle_stop or self._resize_due())
+                                   stop=self._idle_stop(highs) or self._resize_due())
         self._last_empty = window.messages == 0
         self.planned_since_checkpoint += window.messages
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s
@@ -125,6 +124,18 @@ class Coordinator:
             self.idle_s += min(now - self._empty_answer_t, max(MAX_IDLE_TICK_S, 2 * self.cfg.poll_interval_s))
         self._empty_answer_t = now
 
+    def _idle_stop(self, highs: dict[int, int] | None) -> bool:
+        """--until-idle's stop, once the stream has been empty that long, and a drain's: the first
+        plan that finds nothing new (always a fresh query of the broker) once every event the topic
+        held when `streamlearn drain` asked is planned."""
+        if self.cfg.until_idle_s is not None and self.idle_s >= self.cfg.until_idle_s:
+            return True
+        poller = self._poller()
+        drain_to = poller.drain_to if poller is not None else None
+        if drain_to is None or highs is None or self.planner.available(highs, self._label_highs):
+            return False
+        return all(self.planner.positions.get(p, 0) >= end for p, end in drain_to.items())
+
     def learned(self, window: Window) -> None:
         """After a window is learned: tell the controller (its learned rate, a resize's end).
         The last report before a resize waits for delivery, so the pause is measured from it.
@@ -151,14 +162,18 @@ class Coordinator:
         reads an answer that came while the last window trained, not one asked for at this plan."""
         if self.controller is None or self.resize_to is not None:
             return self.resize_to is not None
-        if self._stop_poller is None:
-            controller = self.controller
-            self._stop_poller = StopPoller(lambda: ray.get(controller.resize_due.remote(), timeout=10))
-            self._stop_poller.start()
-        self.resize_to = self._stop_poller.answer
+        self.resize_to = self._poller().answer
         if self.resize_to is not None:
             log("resize_stop", workers=self.world, to=self.resize_to)
         return self.resize_to is not None
+
+    def _poller(self) -> StopPoller | None:
+        """The controller's answers, asked beside training (None: no controller, e.g. in tests)."""
+        if self._stop_poller is None and self.controller is not None:
+            controller = self.controller
+            self._stop_poller = StopPoller(lambda: ray.get(controller.stop_due.remote(), timeout=10))
+            self._stop_poller.start()
+        return self._stop_poller
 
     def close(self) -> None:
         if self._stop_poller is not None:
@@ -174,7 +189,8 @@ class Coordinator:
 
 
 class StopPoller(threading.Thread):
-    """Rank 0 asks the controller every `poll_s` whether to stop for a resize, beside training.
+    """Rank 0 asks the controller every `poll_s` whether to stop, beside training: for a resize
+    (a worker count, the last answer it asks for) or to drain (asked on: a resize may still come).
 
     Asked at each plan, the answer came back one plan later: with a heavy model's windows of
     seconds, the old group of a warm resize learned a whole window more before its stop window
@@ -182,23 +198,25 @@ class StopPoller(threading.Thread):
     2026-11-26). A plan now reads the answer this thread already has. Asking never blocks
     training: the controller's sampler can hold it for a while."""
 
-    def __init__(self, ask: Callable[[], int | None], poll_s: float = RESIZE_POLL_S):
-        super().__init__(name="resize-poll", daemon=True)
+    def __init__(self, ask: Callable[[], tuple[int | None, dict[int, int] | None]], poll_s: float = RESIZE_POLL_S):
+        super().__init__(name="stop-poll", daemon=True)
         self.ask, self.poll_s = ask, poll_s
         self.answer: int | None = None  # once set, the controller expects this group to stop
+        self.drain_to: dict[int, int] | None = None  # once set, the run ends when planned past these
         self._closed = threading.Event()
 
     def run(self) -> None:
         failing = False
         while not self._closed.wait(self.poll_s):
             try:
-                answer = self.ask()
+                answer, drain_to = self.ask()
             except (ray.exceptions.RayError, TimeoutError) as e:
                 if not failing:  # once per outage, not twice a second: training goes on at this size
                     log("scaler_unreachable", level="warning", error=str(e)[:200])
                 failing = True
                 continue
             failing = False
+            self.drain_to = drain_to or self.drain_to
             if answer is not None:
                 self.answer = answer
                 return  # one answer per group: it stops for it

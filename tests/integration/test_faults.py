@@ -22,9 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from streamlearn.autoscale.controller import request_drain
 from streamlearn.config import REPO_ROOT, KafkaSettings, TrainConfig
-from streamlearn.errors import StreamlearnError
-from streamlearn.kafka.admin import ensure_topics
+from streamlearn.errors import ConfigError, StreamlearnError
+from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.kafka.broker import EmbeddedKafka, free_port
 from streamlearn.loadgen.generator import run_load
 from streamlearn.loadgen.profiles import parse_profile
@@ -163,8 +164,16 @@ def recovery(what: str, seconds: float) -> None:
 
 
 def finish_training(training: Training, timeout: float = 300) -> dict:
+    """The test's load is all written: drain the run (`streamlearn drain`: it ends at its first plan
+    that finds nothing new), not wait out its --until-idle, which stays as the guard for a load
+    that stalls under the suite's load. Every test that ends here checks that the run learned the
+    whole topic exactly once, so a drain that stopped short fails it."""
+    try:
+        request_drain(training.cfg.run_name)
+    except ConfigError:
+        pass  # the run has ended already (its idle stop, or a failure, reported below)
     training.join(timeout)
-    assert not training.is_alive(), "training did not stop after the stream went idle"
+    assert not training.is_alive(), "training did not stop after it was drained"
     assert training.error is None, f"training failed: {training.error!r}"
     return training.summary
 
@@ -206,6 +215,12 @@ def test_training_survives_two_worker_kills_a_pause_and_a_restart(kafka, kafka_s
     # A pause longer than the checkpoint interval, then one more burst: training idles, not hangs.
     time.sleep(5)
     run_load(kafka.bootstrap, topic, partitions=4, count=5_000, bad_fraction=0.02, seed=2)
+    # The run ends as an operator ends one whose producers have finished: `streamlearn drain`.
+    drained = subprocess.run([sys.executable, "-m", "streamlearn.cli", "drain", "--run-name", cfg.run_name,
+                              "--address", ray_cluster.address_info["gcs_address"]],
+                             capture_output=True, text=True, timeout=120)
+    ends = sum(end_offsets(kafka_settings, topic).values())
+    assert drained.returncode == 0 and f"up to {ends} offsets" in drained.stdout, drained.stderr[-2000:]
     summary = finish_training(training)
 
     meta = assert_exactly_once(kafka_settings, cfg)

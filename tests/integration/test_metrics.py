@@ -299,7 +299,7 @@ def test_metrics_reach_prometheus_and_move(kafka, kafka_settings, ray_cluster, t
         if CONTROLLER:
             assert wait_for(lambda: tasks_named(ray_cluster, "ScaleController.learn_env"), 30)
             assert tasks_named(ray_cluster, "ScaleController.progress") == []
-            assert tasks_named(ray_cluster, "ScaleController.resize_due") == []
+            assert tasks_named(ray_cluster, "ScaleController.stop_due") == []
     finally:
         shutdown()
         monitor.down()
