@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -22,10 +23,17 @@ def write_checkpoint(run_dir: Path, version: int, *, tamper: bool = False) -> Pa
     meta = {"version": version, "offsets": {"0": 100 * version}, "counters": {"learned": 100 * version},
             "metrics": {"online": {"auc": 0.8, "logloss": 0.3, "window": 1000}, "train_loss": 0.3},
             "pipeline": FRAUD.describe(), "written_at": time.time(), "topic": "transactions"}
-    path = checkpoint.write(run_dir / f"checkpoint_{version:09d}", FRAUD.build_model().state_dict(), None, meta)
+    # Written beside the run dir, tampered there, and renamed in: a scorer polling every 0.2 s once
+    # loaded a tampered checkpoint in the moment between its valid write and the tampering, and
+    # served it (a fresh-clone run, 12-04).
+    staging = checkpoint.write(run_dir.parent / f".staging-{run_dir.name}-{version}", FRAUD.build_model().state_dict(),
+                               None, meta)
     if tamper:  # a valid torch file with other weights: only the checksum can tell
         other = {k: v + 1.0 for k, v in FRAUD.build_model().state_dict().items()}
-        torch.save({"model": other, "optimizer": None}, path / "model.pt")
+        torch.save({"model": other, "optimizer": None}, staging / "model.pt")
+    path = run_dir / f"checkpoint_{version:09d}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.rename(staging, path)
     return path
 
 
