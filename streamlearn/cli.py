@@ -144,8 +144,9 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
           topic: str = TrainConfig.topic,
           workers: int = typer.Option(TrainConfig.workers, min=1),
           ingest: str = typer.Option(TrainConfig.ingest, help="How events reach the workers: 'direct' (each rank "
-                                                              "reads Kafka) or 'ray-data' (a Ray Data pipeline "
-                                                              "reads, decodes and splits them)."),
+                                                              "reads Kafka), 'ray-data' (a Ray Data pipeline "
+                                                              "reads, decodes and splits them) or 'auto' (Ray "
+                                                              "Data under GPU trainers, else direct; measured)."),
           read_lanes: int = typer.Option(TrainConfig.read_lanes, min=1,
                                          help="--ingest ray-data: Kafka readers in the Dataset (each decodes "
                                               "whole partitions); more where cores are spare."),

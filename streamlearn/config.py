@@ -84,7 +84,19 @@ class KafkaSettings(BaseSettings):
         return conf
 
 
-INGEST_MODES = ("direct", "ray-data")
+INGEST_MODES = ("auto", "direct", "ray-data")
+
+
+def choose_ingest(use_gpu: bool) -> tuple[str, str]:
+    """`--ingest auto`: the mode and why, from what was measured (docs/BENCHMARKS.md, "GPU path").
+    Ray Data moves the decode off the trainer onto lanes; that pays where the trainer's own CPU
+    would otherwise decode between GPU steps, and not where CPU workers train: there the lanes'
+    blocks cost more than the decode they take away, spare cores or not."""
+    if use_gpu:
+        return "ray-data", ("auto: GPU trainers; Ray Data's lanes decode on CPUs the trainer does not use "
+                            "(1.40x direct under one NCCL worker, H200 2026-12-04)")
+    return "direct", ("auto: CPU trainers; each rank decodes its own slice, cheaper than Ray Data's lanes "
+                      "(0.92x direct at 4 workers with 12 cores spare, 0.79x at 2 on 2 cores)")
 # How a group of workers stays one model (train/averaging.py, DECISIONS): "step" allreduces every
 # step's gradients (DDP); "window" lets each rank step on its own slice and averages the weights
 # and the optimizer's moments once per window, one allreduce instead of one a step.
@@ -100,9 +112,12 @@ class TrainConfig:
     dlq_topic: str = ""  # default: "<topic>.dlq"
     group_id: str = ""  # default: "streamlearn-<pipeline>"
     workers: int = 2
-    ingest: str = "direct"  # "direct": each rank reads Kafka itself; "ray-data": a Ray Data pipeline feeds the ranks
+    # "direct": each rank reads Kafka itself; "ray-data": a Ray Data pipeline feeds the ranks; "auto"
+    # (the default): the measured rule in choose_ingest. Resolved at construction, with its reason.
+    ingest: str = "auto"
+    ingest_why: str = ""  # why ingest is what it is: set with it, shown in the job's log and `streamlearn status`
     # --ingest ray-data: the Dataset's read tasks, each a Kafka consumer that decodes whole partitions.
-    # 2 fed 4 workers at 0.17x the direct path on a 16-core machine (docs/BENCHMARKS.md "GPU path").
+    # 2 fed 4 workers at 0.92x the direct path on a 16-core machine, 4 at 0.42x (docs/BENCHMARKS.md "GPU path").
     read_lanes: int = 2
     use_gpu: bool = False
     sync: str = "window"  # issue 48: 2 workers 1.43x one with it, 0.84x with "step" (docs/BENCHMARKS.md)
@@ -138,6 +153,12 @@ class TrainConfig:
                 raise ConfigError(message)
 
         need(self.ingest in INGEST_MODES, f"ingest must be one of {', '.join(INGEST_MODES)}, got {self.ingest!r}")
+        if self.ingest == "auto":
+            mode, why = choose_ingest(self.use_gpu)
+            object.__setattr__(self, "ingest", mode)
+            object.__setattr__(self, "ingest_why", why)
+        elif not self.ingest_why:
+            object.__setattr__(self, "ingest_why", f"asked for (--ingest {self.ingest})")
         need(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
         need(self.read_lanes >= 1, f"read_lanes must be >= 1 (Ray Data's Kafka readers), got {self.read_lanes}")
         need(self.sync in SYNC_MODES, f"sync must be one of {', '.join(SYNC_MODES)} ('step': DDP's allreduce of "

@@ -3,15 +3,17 @@ direct at 4 workers (its read lanes on the cores the trainers leave), and the GP
 NCCL, the model and every batch on CUDA), against the plain loop, in the same run on the same data.
 
     python -m load.bench.gpu [--events 1200000] [--runs 3]   # a 16-core, 1-GPU machine
-    python -m load.bench.gpu --skip kill,baseline-cuda,nccl-1   # what a lease of 9 minutes holds (below)
+    python -m load.bench.gpu --workers 1,4 --skip kill,baseline-cuda,nccl-1,ray-data-4x4,ray-data-4x8,ray-data-nccl-1
+        # ^ 3 rounds in ~6.5 minutes on the H200 (2026-12-04); then --workers= --skip kill,baseline-cuda --events 600000
     python -m load.bench.gpu --cpu-only --workers 1,2 --events 20000 --runs 1 --out DIR   # its test here
 
 Contenders, one run each per round (as in ingest.py): the single-process baseline on the CPU
 (ingest.py's loop) and the same loop with its model on CUDA; streamlearn with 1, 2, 4 and 8 gloo
-workers (the default sync, `--sync window`), `--ingest ray-data` with 4, and 1 NCCL worker (one
-GPU is one rank: NCCL refuses two ranks on one device). GPU use is sampled with nvidia-smi while
-each run lasts, so a run that silently trained on the CPU would show it. First, once: the worker
-SIGKILLed right after a checkpoint is published and before its offsets are committed, its group
+workers (the default sync, `--sync window`), `--ingest ray-data` with 4 (2 lanes, the default; 4 and
+8), and 1 NCCL worker (one GPU is one rank: NCCL refuses two ranks on one device) reading directly
+and through Ray Data (`ray-data-nccl-1`: what `--ingest auto` chooses for GPU trainers). GPU use is
+sampled with nvidia-smi while each run lasts, so a run that silently trained on the CPU would show it.
+First, once: the worker SIGKILLed right after a checkpoint is published and before its offsets are committed, its group
 restarted (on the GPU) from that checkpoint, and the run audited for exactly-once against a
 re-read of the topic. The report is rewritten after every round, so a lease that ends early
 leaves the rounds it held. `--cpu-only` leaves out the CUDA contenders (the kill runs on the CPU);
@@ -77,16 +79,20 @@ def gpu_sampled(out: dict):
 CONTENDERS = {"baseline-cpu": {"device": "cpu"}, "baseline-cuda": {"device": "cuda"},
               **{f"gloo-{n}": {"workers": n} for n in (1, 2, 4, 8)},
               "ray-data-4": {"workers": 4, "ingest": "ray-data"},
+              "ray-data-4x4": {"workers": 4, "ingest": "ray-data", "read_lanes": 4},
               "ray-data-4x8": {"workers": 4, "ingest": "ray-data", "read_lanes": 8},
-              "nccl-1": {"workers": 1, "use_gpu": True}}
-CUDA = ("baseline-cuda", "nccl-1")
+              "nccl-1": {"workers": 1, "use_gpu": True},
+              # Ray Data under a GPU trainer: its read lanes decode on CPUs the trainer does not use,
+              # the case `--ingest auto` would choose it for (issue 48), against nccl-1's direct reads.
+              "ray-data-nccl-1": {"workers": 1, "use_gpu": True, "ingest": "ray-data"}}
+CUDA = ("baseline-cuda", "nccl-1", "ray-data-nccl-1")
 BARS = {"gloo_4_vs_1": 3.2, "ray_data_vs_direct_4": 1.0}  # issue 48, on the 16-core machine
 
 
 def contenders(workers: list[int], cpu_only: bool, skip: frozenset[str] = frozenset()) -> list[str]:
     gloo = [f"gloo-{n}" for n in workers]
-    wanted = ["baseline-cpu", "baseline-cuda", *gloo, *(["ray-data-4", "ray-data-4x8"] if 4 in workers else []),
-              "nccl-1"]
+    lanes = ["ray-data-4", "ray-data-4x4", "ray-data-4x8"] if 4 in workers else []
+    wanted = ["baseline-cpu", "baseline-cuda", *gloo, *lanes, "nccl-1", "ray-data-nccl-1"]
     return [name for name in wanted if name in CONTENDERS and name not in skip and not (cpu_only and name in CUDA)]
 
 
@@ -170,7 +176,8 @@ def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = Non
                **{f"{name}_events_per_s": m["steady_events_per_s"] for name, m in med.items()},
                **{f"ratio_{name}_vs_baseline_cpu": m["steady_events_per_s"] / base for name, m in med.items()},
                **scaling, "ratio_nccl_1_vs_gloo_1": _ratio(med, "nccl-1", "gloo-1"),
-               "ratio_ray_data_4_vs_gloo_4": _ratio(med, "ray-data-4", "gloo-4"), "bars": BARS,
+               "ratio_ray_data_4_vs_gloo_4": _ratio(med, "ray-data-4", "gloo-4"),
+               "ratio_ray_data_nccl_1_vs_nccl_1": _ratio(med, "ray-data-nccl-1", "nccl-1"), "bars": BARS,
                **{f"first_step_s_{name}": m["first_step_s"] for name, m in med.items() if "first_step_s" in m},
                "killed_restored_exactly_once": audit and audit["passed"], "killed": killed or None, "runs": runs}
     if out is not None:
@@ -204,7 +211,8 @@ def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = Non
                                                        f"{v:.2f}x" for k, v in scaling.items() if v is not None)
         + f" (issue 48: 4 workers ≥ {BARS['gloo_4_vs_1']}x); Ray Data against direct at 4 workers: "
         f"{_x(figures['ratio_ray_data_4_vs_gloo_4'])} (≥ {BARS['ray_data_vs_direct_4']}x); NCCL against gloo, "
-        f"1 worker: {_x(figures['ratio_nccl_1_vs_gloo_1'])}.",
+        f"1 worker: {_x(figures['ratio_nccl_1_vs_gloo_1'])}; Ray Data against direct under one NCCL worker: "
+        f"{_x(figures['ratio_ray_data_nccl_1_vs_nccl_1'])}.",
         "",
         kill_line,
     ]

@@ -456,9 +456,23 @@ def gpu(d: dict) -> str:
         lines += ["", f"Against 1 gloo worker: {', '.join(scaling)} (issue 48: gloo-4 ≥ 3.20×); Ray Data against "
                   f"direct, 4 workers: {ratio(d.get('ratio_ray_data_4_vs_gloo_4'))} (≥ 1.00×)."]
     if lanes := d.get("more_read_lanes"):
-        lines[-1] += (f" With {lanes['read_lanes']} read lanes (`--read-lanes`, a later call, {lanes['rounds_done']} "
-                      f"runs): {num(lanes['ray-data-4x8_events_per_s'])} events/s, "
-                      f"{ratio(lanes['ratio_vs_baseline_cpu'])} its own CPU baseline.")
+        n, against = lanes["read_lanes"], (f"{ratio(lanes['ratio_vs_gloo_4'])} gloo-4 in the same call"
+                                           if lanes.get("ratio_vs_gloo_4") else
+                                           f"{ratio(lanes['ratio_vs_baseline_cpu'])} its own CPU baseline")
+        lines[-1] += (f" With {n} read lanes (`--read-lanes`, a later call, {lanes['rounds_done']} "
+                      f"run{'s' if lanes['rounds_done'] > 1 else ''}): "
+                      f"{num(lanes[f'ray-data-4x{n}_events_per_s'])} events/s, {against}.")
+    if gpu_trainer := d.get("gpu_trainer"):  # what `--ingest auto` chooses for GPU trainers
+        lines += ["", f"Under one NCCL worker (`--use-gpu`, {gpu_trainer['events']:,} events, "
+                      f"{gpu_trainer['rounds_done']} round, after the rounds above): direct "
+                      f"{num(gpu_trainer['nccl-1_events_per_s'])} events/s, Ray Data "
+                      f"{num(gpu_trainer['ray-data-nccl-1_events_per_s'])}: "
+                      f"{ratio(gpu_trainer['ratio_ray_data_nccl_1_vs_nccl_1'])}."]
+    if prev := d.get("previous_lease"):
+        when = prev["machine"]["date"].split()[0]
+        lines += ["", f"Before ({when} lease, {prev['events']:,} events, {prev['note']}): "
+                      f"gloo-4 {ratio(prev['ratio_gloo_4_vs_gloo_1'])} gloo-1, Ray Data against direct at 4 workers "
+                      f"{ratio(prev['ratio_ray_data_4_vs_gloo_4'])}."]
     # A lease too short for every contender skips the CUDA ones and the kill: the earlier lease's stand.
     earlier = d.get("earlier_lease") or {}
     source = d if d.get("killed") else earlier

@@ -295,12 +295,13 @@ def _served(row: dict | None, now: float) -> str:
 
 
 def _ingest(ingest: dict) -> str:
+    why = f" — {ingest['why']}" if ingest.get("why") else ""
     if ingest.get("mode") != "ray-data":
-        return str(ingest.get("mode", "?"))
+        return str(ingest.get("mode", "?")) + why
     return (f"ray-data: dataset {ingest.get('dataset', '?')} (Ray dashboard → Data), {ingest.get('lanes')} lanes "
             f"(read + decode); rank 0's last checkpoint interval: "
             f"{_int(ingest.get('slices'))} slices, read {_num(ingest.get('read_s'), 2)} s, "
-            f"decode {_num(ingest.get('decode_s'), 2)} s")
+            f"decode {_num(ingest.get('decode_s'), 2)} s{why}")
 
 
 def _partitions(by_partition: Any) -> str:

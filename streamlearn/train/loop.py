@@ -270,7 +270,7 @@ class Worker:
         if recent.matured is not None:
             metrics["matured"] = _matured(pipeline.task, recent)
         evidence = recent.take_evidence()
-        metrics["ingest"] = self.stream.ingest_stats()
+        metrics["ingest"] = {**self.stream.ingest_stats(), "why": cfg.ingest_why}
         if alarms := recent.take_alarms():
             metrics["drift"] = [alarm.as_dict() for alarm in alarms]
         lineage.dlq_positions = _dead_letter_positions(lineage.dlq_positions, [w[-1] for w in windows],

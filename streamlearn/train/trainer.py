@@ -160,6 +160,7 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
         _check_joined_labels(cfg, kafka, pipeline.labels.suffix)
     policy = scaling or ScalingPolicy(min_workers=cfg.workers, max_workers=cfg.workers)
     workers = min(max(cfg.workers, policy.min_workers), policy.max_workers)
+    log("ingest_chosen", mode=cfg.ingest, why=cfg.ingest_why)  # `--ingest auto`'s choice in the job's log
     before = _meta_or_none(ckpt.newest(run_dir(cfg)))
     if not ray.is_initialized():
         join_ray(local_if_none=True, log_to_driver=True)

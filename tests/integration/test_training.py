@@ -82,6 +82,9 @@ def test_fraud_model_learns_and_recovers_from_drift(kafka, kafka_settings, ray_c
                  window_events=4000, metric_window=6000)
     summary = train(cfg, kafka_settings)
     assert summary["events_learned"] == 120_000
+    # The default `--ingest auto` chose for CPU trainers, and the checkpoint says so and why.
+    ingest = ckpt.read_meta(ckpt.newest(run_dir(cfg)))["metrics"]["ingest"]
+    assert ingest["mode"] == "direct" and ingest["why"].startswith("auto: CPU trainers"), ingest
     history = [json.loads(line) for line in (run_dir(cfg) / "history.jsonl").read_text().splitlines()]
     before = [h["auc"] for h in history if h["learned"] <= 60_000 and h["learned"] >= 30_000]
     after = [h["auc"] for h in history if h["learned"] > 60_000]

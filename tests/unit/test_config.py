@@ -9,6 +9,19 @@ def test_train_config_defaults_derive_names():
     assert (cfg.dlq_topic, cfg.group_id, cfg.run_name) == ("tx.dlq", "streamlearn-fraud", "fraud")
 
 
+def test_ingest_auto_is_the_measured_rule_and_says_why():
+    """`--ingest auto` (the default): Ray Data under GPU trainers, the direct path under CPU ones;
+    an asked-for mode stays, and every config says why it has the mode it has."""
+    cpu, gpu = TrainConfig(), TrainConfig(use_gpu=True)
+    assert (cpu.ingest, gpu.ingest) == ("direct", "ray-data")
+    assert cpu.ingest_why.startswith("auto: CPU trainers") and gpu.ingest_why.startswith("auto: GPU trainers")
+    asked = TrainConfig(ingest="ray-data")
+    assert (asked.ingest, asked.ingest_why) == ("ray-data", "asked for (--ingest ray-data)")
+    assert TrainConfig(use_gpu=True, ingest="direct").ingest == "direct"
+    with pytest.raises(ConfigError, match="ingest must be one of auto, direct, ray-data"):
+        TrainConfig(ingest="kafka")
+
+
 @pytest.mark.parametrize("kwargs, says", [
     ({"workers": 0}, "workers must be >= 1"),
     ({"read_lanes": 0}, "read_lanes must be >= 1"),

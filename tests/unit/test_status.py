@@ -51,11 +51,11 @@ def test_status_shows_a_resize_under_way_and_the_kind_of_the_last():
 
 def test_status_names_the_ray_data_pipeline_and_its_work():
     ingest = {"mode": "ray-data", "dataset": "streamlearn-streamlearn-fraud", "lanes": 2,
-              "slices": 40, "read_s": 0.31, "decode_s": 2.5}
+              "slices": 40, "read_s": 0.31, "decode_s": 2.5, "why": "auto: GPU trainers"}
     snapshot = SNAPSHOT | {"checkpoint": {**SNAPSHOT["checkpoint"], "ingest": ingest}}
     flat = " ".join(render_text(snapshot, MODEL, now=NOW).split())
     assert "dataset streamlearn-streamlearn-fraud (Ray dashboard → Data), 2 lanes (read + decode)" in flat, flat
-    assert "40 slices, read 0.31 s, decode 2.50 s" in flat, flat
+    assert "40 slices, read 0.31 s, decode 2.50 s — auto: GPU trainers" in flat, flat
 
 
 def test_status_shows_what_waits_in_the_join_of_delayed_labels():
