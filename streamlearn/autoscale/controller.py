@@ -32,18 +32,13 @@ import ray
 
 from streamlearn import metrics
 from streamlearn.autoscale.handover import Resizer
+from streamlearn.autoscale.naming import NAMESPACE, actor_name, find_controller
 from streamlearn.autoscale.policy import Observation, ScalingPolicy, State, decide
 from streamlearn.autoscale.warmpool import WarmPool
 from streamlearn.config import KafkaSettings, TrainConfig
 from streamlearn.logs import log
 from streamlearn.pipeline import load_pipeline
 from streamlearn.rundir import checkpoint as ckpt
-
-NAMESPACE = "streamlearn"
-
-
-def actor_name(run_name: str) -> str:
-    return f"scaler-{run_name}"
 
 
 class _KafkaSampler:
@@ -410,12 +405,4 @@ def request_drain(run_name: str, timeout_s: float = 30.0) -> dict[int, int]:
     """Ask run `run_name` (on the Ray cluster this process joined) to learn what its topic holds
     now and end: the exactly-once end of a run whose producers have finished, without waiting
     out an idle stop. Returns the end offsets it drains to; ConfigError when no such run trains."""
-    from streamlearn.errors import ConfigError
-
-    name = actor_name(run_name)
-    try:
-        controller = ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        raise ConfigError(f"no actor {name!r} in Ray namespace {NAMESPACE!r}: is `streamlearn train` (run name "
-                          f"{run_name!r}) running on this cluster? Pass --run-name otherwise") from None
-    return ray.get(controller.drain.remote(), timeout=timeout_s)
+    return ray.get(find_controller(run_name).drain.remote(), timeout=timeout_s)

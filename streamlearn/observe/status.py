@@ -25,14 +25,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-NAMESPACE = "streamlearn"
+from streamlearn.autoscale.naming import NAMESPACE, actor_name, find_controller
+from streamlearn.errors import ConfigError
+
 TOKEN_ENV = "STREAMLEARN_SERVE_TOKEN"  # streamlearn.serve's, spelled here: importing it loads torch (~18 s)
 UNAVAILABLE = "unavailable"
 MAX_PARTITIONS_SHOWN = 12
-
-
-def controller_name(run_name: str) -> str:
-    return f"scaler-{run_name}"
 
 
 # -- drawing (pure) --
@@ -366,13 +364,12 @@ class Sources:
                               "export RAY_AUTH_MODE=token (the token is ~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH)")
             return None, (f"no Ray cluster at --address {self.address} ({_first_line(e)}); start one with "
                           "`make demo` or pass --address ray://HOST:10001 or HOST:6379")
-        name = controller_name(self.run_name)
+        name = actor_name(self.run_name)
         if self._actor is None:
             try:
-                self._actor = ray.get_actor(name, namespace=NAMESPACE)
-            except ValueError:
-                return None, (f"no actor {name!r} in Ray namespace {NAMESPACE!r}: is `streamlearn train` "
-                              f"(run name {self.run_name!r}) running on this cluster? Pass --run-name otherwise")
+                self._actor = find_controller(self.run_name)
+            except ConfigError as e:
+                return None, str(e)
         try:
             return ray.get(self._actor.snapshot.remote(), timeout=self.timeout_s), None
         except Exception as e:

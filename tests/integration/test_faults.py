@@ -215,6 +215,13 @@ def test_training_survives_two_worker_kills_a_pause_and_a_restart(kafka, kafka_s
     # A pause longer than the checkpoint interval, then one more burst: training idles, not hangs.
     time.sleep(5)
     run_load(kafka.bootstrap, topic, partitions=4, count=5_000, bad_fraction=0.02, seed=2)
+    # What an operator sees of this run: `streamlearn status` finds its controller by the run name
+    # (autoscale/naming.py) and shows its workers and how events reach them, and why.
+    status = subprocess.run([sys.executable, "-m", "streamlearn.cli", "status", "--once", "--run-name", cfg.run_name,
+                             "--address", ray_cluster.address_info["gcs_address"], "--serve-url", "http://127.0.0.1:1"],
+                            capture_output=True, text=True, timeout=120)
+    flat = " ".join(status.stdout.split())
+    assert status.returncode == 0 and f"asked for (--ingest {ingest})" in flat, status.stdout + status.stderr[-2000:]
     # The run ends as an operator ends one whose producers have finished: `streamlearn drain`.
     drained = subprocess.run([sys.executable, "-m", "streamlearn.cli", "drain", "--run-name", cfg.run_name,
                               "--address", ray_cluster.address_info["gcs_address"]],
