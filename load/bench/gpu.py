@@ -15,8 +15,8 @@ and through Ray Data (`ray-data-nccl-1`: what `--ingest auto` chooses for GPU tr
 sampled with nvidia-smi while each run lasts, so a run that silently trained on the CPU would show it.
 First, once: the worker SIGKILLed right after a checkpoint is published and before its offsets are committed, its group
 restarted (on the GPU) from that checkpoint, and the run audited for exactly-once against a
-re-read of the topic. The report is rewritten after every round, so a lease that ends early
-leaves the rounds it held. `--cpu-only` leaves out the CUDA contenders (the kill runs on the CPU);
+re-read of the topic. The report is rewritten after every run, so a lease that ends early
+leaves the runs it held. `--cpu-only` leaves out the CUDA contenders (the kill runs on the CPU);
 `--out DIR` writes DIR/gpu.json and leaves docs/ as it is. `--skip` leaves out contenders (and
 `kill`, the kill check): a round of all of them took ~4 minutes on the lent H200, mostly each
 group's ~25-s start, so three rounds and the kill outlast one 10-minute call; the CUDA contenders
@@ -151,8 +151,10 @@ def main() -> None:
               f"{'passed' if killed['audit']['passed'] else 'FAILED'}", flush=True)
 
     one = functools.partial(run_one, partitions=args.partitions)
+    # Reported after every run: a lent machine's call may end mid-round (twice on 2026-12-04).
     alternating_rounds(args.events, args.runs, names, one, first=None if "kill" in skip else first,
-                       each_round=lambda runs: report(args.events, runs, killed, args.runs, out, args.partitions),
+                       each_run=lambda runs: report(args.events, {n: rs for n, rs in runs.items() if rs}, killed,
+                                                    args.runs, out, args.partitions),
                        partitions=args.partitions)
 
 
@@ -162,13 +164,13 @@ def _ratio(med: dict, a: str, b: str) -> float | None:
 
 def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = None,
            partitions: int = PARTITIONS) -> None:
-    """Written after every round: what a time limit leaves is the report of the rounds done."""
+    """Written after every run: what a time limit leaves is the report of the runs done."""
     base = statistics.median(r["steady_events_per_s"] for r in runs["baseline-cpu"])
     med = {name: median_run(rs) if not name.startswith("baseline") else
            {"steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in rs),
             "gpu_util_peak_pct": max(r["gpu_util_peak_pct"] for r in rs)} for name, rs in runs.items()}
     audit = killed.get("audit")  # None: the kill check was skipped
-    done = len(runs["baseline-cpu"])
+    done = min(len(rs) for rs in runs.values())  # whole rounds; a contender's own count is its runs
     scaling = {f"ratio_{name.replace('-', '_')}_vs_gloo_1": _ratio(med, name, "gloo-1")
                for name in med if name.startswith("gloo-")}
     figures = {"events": n, "partitions": partitions, "gpu": _gpu_name(), "rounds_done": done, "rounds_asked": rounds,
@@ -197,7 +199,8 @@ def report(n: int, runs: dict, killed: dict, rounds: int, out: Path | None = Non
         f"{audit['produced']:,}; {', '.join(k for k, ok in audit['checks'].items() if not ok) or 'every check held'}).")
     lines = [
         f"{n:,} fraud events on {partitions} partitions, the same data for every contender, default settings; "
-        f"medians of {done} runs each ({done} of {rounds} rounds done when written), contenders round after round. "
+        f"medians of each contender's runs ({done} of {rounds} rounds whole when written), contenders round after "
+        f"round. "
         f"GPU: {figures['gpu']}. {machine_line()}",
         "",
         "| contender | learned events/s (steady) | ratio to the CPU baseline | first step | GPU utilisation, peak |",

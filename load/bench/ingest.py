@@ -134,13 +134,13 @@ def bench_topics(delayed: bool, partitions: int = PARTITIONS) -> dict[str, int]:
 
 
 def alternating_rounds(events: int, rounds: int, contenders: list, run_one, first=None, each_round=None,
-                       delayed: bool = False, partitions: int = PARTITIONS) -> dict:
+                       delayed: bool = False, partitions: int = PARTITIONS, each_run=None) -> dict:
     """The fraud topic produced once (and the delayed-label topics with `delayed`), then
     `run_one(bootstrap, events, home, contender)` for every contender once per round, round after
     round (this machine's speed drifts within minutes: a contender's runs in a block would turn
     that drift into ratios). `first(bootstrap, home)` runs before the rounds on the same broker and
-    Ray, `each_round(runs so far)` after each (a report that a time limit cannot take away). Runs
-    by contender."""
+    Ray, `each_round(runs so far)` after each (a report that a time limit cannot take away), and
+    `each_run(runs so far)` after every run (where a call may be cut mid-round). Runs by contender."""
     import ray
 
     with bench_broker(bench_topics(delayed, partitions)) as (home, broker, _settings):
@@ -152,6 +152,8 @@ def alternating_rounds(events: int, rounds: int, contenders: list, run_one, firs
         for _ in range(rounds):
             for contender in contenders:
                 runs[contender].append(run_one(broker.bootstrap, events, home, contender))
+                if each_run:
+                    each_run(runs)
             if each_round:
                 each_round(runs)
         ray.shutdown()
