@@ -380,8 +380,7 @@ def drain(address: str = typer.Option("auto", help="Ray cluster: 'auto', HOST:63
           run_name: str = typer.Option(TrainConfig.run_name, help="Run name (default: the pipeline name).")):
     """Ask a running `streamlearn train` to learn what its topic holds now, then end, with its last
     checkpoint and commit, as --until-idle would (e.g. once its producers have finished)."""
-    from streamlearn.autoscale.controller import request_drain
-    from streamlearn.autoscale.naming import NAMESPACE
+    from streamlearn.autoscale.naming import NAMESPACE, request_drain
     from streamlearn.localray import join_ray
 
     name = TrainConfig(pipeline=pipeline, run_name=run_name).run_name

@@ -97,6 +97,8 @@ def choose_ingest(use_gpu: bool) -> tuple[str, str]:
                             "(1.40x direct under one NCCL worker, H200 2026-12-04)")
     return "direct", ("auto: CPU trainers; each rank decodes its own slice, cheaper than Ray Data's lanes "
                       "(0.92x direct at 4 workers with 12 cores spare, 0.79x at 2 on 2 cores)")
+
+
 # How a group of workers stays one model (train/averaging.py, DECISIONS): "step" allreduces every
 # step's gradients (DDP); "window" lets each rank step on its own slice and averages the weights
 # and the optimizer's moments once per window, one allreduce instead of one a step.

@@ -464,7 +464,8 @@ def gpu(d: dict) -> str:
                       f"{num(lanes[f'ray-data-4x{n}_events_per_s'])} events/s, {against}.")
     if gpu_trainer := d.get("gpu_trainer"):  # what `--ingest auto` chooses for GPU trainers
         lines += ["", f"Under one NCCL worker (`--use-gpu`, {gpu_trainer['events']:,} events, "
-                      f"{gpu_trainer['rounds_done']} round, after the rounds above): direct "
+                      f"{gpu_trainer['rounds_done']} round{'s' if gpu_trainer['rounds_done'] > 1 else ''}, "
+                      f"after the rounds above): direct "
                       f"{num(gpu_trainer['nccl-1_events_per_s'])} events/s, Ray Data "
                       f"{num(gpu_trainer['ray-data-nccl-1_events_per_s'])}: "
                       f"{ratio(gpu_trainer['ratio_ray_data_nccl_1_vs_nccl_1'])}."]

@@ -32,7 +32,7 @@ import ray
 
 from streamlearn import metrics
 from streamlearn.autoscale.handover import Resizer
-from streamlearn.autoscale.naming import NAMESPACE, actor_name, find_controller
+from streamlearn.autoscale.naming import NAMESPACE, actor_name
 from streamlearn.autoscale.policy import Observation, ScalingPolicy, State, decide
 from streamlearn.autoscale.warmpool import WarmPool
 from streamlearn.config import KafkaSettings, TrainConfig
@@ -399,10 +399,3 @@ def start_controller(cfg: TrainConfig, kafka: KafkaSettings, policy: ScalingPoli
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return ScaleController.options(name=name, namespace=NAMESPACE, scheduling_strategy=here).remote(
         cfg, kafka, policy, workers, sample_s)
-
-
-def request_drain(run_name: str, timeout_s: float = 30.0) -> dict[int, int]:
-    """Ask run `run_name` (on the Ray cluster this process joined) to learn what its topic holds
-    now and end: the exactly-once end of a run whose producers have finished, without waiting
-    out an idle stop. Returns the end offsets it drains to; ConfigError when no such run trains."""
-    return ray.get(find_controller(run_name).drain.remote(), timeout=timeout_s)

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from streamlearn.autoscale.controller import request_drain
+from streamlearn.autoscale.naming import request_drain
 from streamlearn.config import REPO_ROOT, KafkaSettings, TrainConfig
 from streamlearn.errors import ConfigError, StreamlearnError
 from streamlearn.kafka.admin import end_offsets, ensure_topics
