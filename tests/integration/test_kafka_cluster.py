@@ -166,7 +166,10 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlle
                 if client:
                     client.finish()
                 load.finish()
-            summary = finish_training(training)
+            # Its idle stop, not a drain: drained, the run ended ~13 s after the broker restart above and
+            # the whole-cluster stop below, under the suite's load, left a node waiting 30 s for a
+            # controlled-shutdown approval after the quorum had gone, 2 fresh-clone runs in a row (12-04).
+            summary = finish_training(training, drain=False)
             answered = client.answered()
             # Every answer reaches the answers topic (librdkafka sends them in the background).
             wait_until("every answer in the answers topic", lambda: answers_count(settings, scores) >= len(answered),
