@@ -20,20 +20,30 @@ def terminate(pid: int, alive: Callable[[int], bool], timeout_s: float) -> bool:
     return bool(terminate_all([pid], alive, timeout_s))
 
 
-def terminate_all(pids: list[int], alive: Callable[[int], bool], timeout_s: float) -> list[int]:
+def terminate_all(pids: list[int], alive: Callable[[int], bool], timeout_s: float,
+                  hopeless: Callable[[int, list[int]], bool] | None = None) -> list[int]:
     """`terminate` for processes that must go down together: all are signalled before any is
     waited for. The last broker of a KRaft quorum stopped one at a time has no quorum to hand
     its leadership over to, and hung until its SIGKILL (30 s for a 3-broker cluster, measured;
-    signalled together, the three were gone in 6 s). Returns the pids that needed SIGKILL."""
+    signalled together, the three were gone in 6 s). `hopeless(pid, running)`, asked while
+    `pid` runs (with every pid still running), says it can no longer stop by itself: it gets its
+    SIGKILL then, not at the timeout. Returns the pids that needed SIGKILL."""
     for pid in pids:
         _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+    deadline, killed = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        running = [pid for pid in pids if pid not in killed and alive(pid)]
+        if not running:
+            return killed
+        for pid in running:
+            if hopeless is not None and hopeless(pid, running):
+                _signal(pid, signal.SIGKILL)
+                killed.append(pid)
         time.sleep(0.1)
-    hung = [pid for pid in pids if alive(pid)]
+    hung = [pid for pid in pids if pid not in killed and alive(pid)]
     for pid in hung:
         _signal(pid, signal.SIGKILL)
-    return hung
+    return killed + hung
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

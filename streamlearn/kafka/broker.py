@@ -379,12 +379,73 @@ class KafkaCluster:
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop every node cleanly, all at once (one at a time, the last had no quorum left and
-        waited out its SIGKILL); False if none was running."""
+        waited out its SIGKILL); False if none was running. A node still waiting for its
+        controlled shutdown's approval once most nodes are gone waits for what cannot come
+        (`Stranded`): it is stopped at once, not at the timeout."""
         running = [(node, pid) for node in self.nodes if (pid := node.pid()) is not None]
-        hung = terminate_all([pid for _, pid in running], _alive, timeout_s)
+        stranded = Stranded({pid: node for node, pid in running}, majority=len(self.nodes) // 2 + 1)
+        killed = terminate_all([pid for _, pid in running], _alive, timeout_s, hopeless=stranded)
         for node, pid in running:
-            node._stopped(killed=pid in hung, waited_s=timeout_s)
+            if pid in stranded.judged:
+                node._state_file.unlink(missing_ok=True)
+                log("kafka_node_stranded", level="warning", node=node.node_id, log_file=str(node.log_file),
+                    why="its controlled shutdown waited for an approval from a controller quorum that had "
+                        "stopped; stopped with SIGKILL (the next start recovers its logs)")
+            else:
+                node._stopped(killed=pid in killed, waited_s=timeout_s)
         return bool(running)
+
+
+# What a broker logs once the active controller lets its controlled shutdown go on (Kafka 4.x's
+# BrokerLifecycleManager), or when it has none to ask for (a broker still starting).
+SHUTDOWN_APPROVED = ("The controller has asked us to exit controlled shutdown.", "Skipping controlled shutdown")
+STRANDED_AFTER_S = 2.0  # past the quorum's end: an approval sent just before has been logged
+
+
+class Stranded:
+    """`terminate_all`'s `hopeless` for a cluster stopped together: a node's controlled shutdown
+    ends with the active controller's approval, committed by a majority of the quorum. Signalled
+    together, each node's controller leaves ~1 s after its own broker's approval; a broker not
+    approved by then (its replay behind, under load: 2 of 39 stops here, and in CI after a broker
+    restart) asks a quorum that has gone, until Kafka's 5-minute limit. Once fewer than a majority
+    of the nodes run, a node that has not logged its approval `STRANDED_AFTER_S` later never will."""
+
+    def __init__(self, nodes: dict[int, EmbeddedKafka], majority: int):
+        self.nodes, self.majority = nodes, majority
+        self.marks = {pid: _log_size(node.log_file) for pid, node in nodes.items()}  # the log before the signal
+        self.quorum_gone_at: float | None = None
+        self.judged: set[int] = set()
+
+    def __call__(self, pid: int, running: list[int]) -> bool:
+        if len(running) >= self.majority:
+            return False
+        self.quorum_gone_at = self.quorum_gone_at or time.monotonic()
+        if time.monotonic() - self.quorum_gone_at < STRANDED_AFTER_S:
+            return False
+        text = _log_since(self.nodes[pid].log_file, self.marks[pid])
+        if any(line in text for line in SHUTDOWN_APPROVED):
+            return False  # approved: its own shutdown is under way, with the timeout's time
+        self.judged.add(pid)
+        return True
+
+
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_since(path: Path, offset: int) -> str:
+    """The log written since `offset` (all of it if it rolled over since)."""
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, os.SEEK_END) < offset:
+                offset = 0
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def class_archive(jars: Path) -> Path:

@@ -8,6 +8,8 @@ Recovery times print as `recovery <what>: <seconds>` (run with -s)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -20,7 +22,7 @@ from load.bench.common import read_whole_topic
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
 from streamlearn.kafka.admin import end_offsets, ensure_topics, replica_states
-from streamlearn.kafka.broker import KafkaCluster, free_port
+from streamlearn.kafka.broker import STRANDED_AFTER_S, KafkaCluster, _alive, free_port
 from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers
 from streamlearn.train.trainer import run_dir
 
@@ -193,6 +195,37 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlle
         captured = capfd.readouterr()
         sys.stdout.write(captured.out)
         assert "kafka_broker_killed" not in captured.err, captured.err[-2000:]
+    finally:
+        cluster.stop()
+
+
+def test_kafka_down_stops_a_node_the_quorum_left_waiting_within_seconds(tmp_path, capfd):
+    """The race a whole-cluster stop can lose, made certain: node 3 is frozen (SIGSTOP) when the
+    cluster is signalled, so nodes 1 and 2 are approved (once the controller fences 3 for its
+    missing heartbeats) and go; thawed, node 3 asks for its approval a quorum that has gone. It
+    waited out its SIGKILL, 30 s later; now it is stopped as soon as that is certain."""
+    cluster = KafkaCluster(size=3, port=0, data_dir=tmp_path / "kafka").start()
+    try:
+        ensure_topics(KafkaSettings(bootstrap=cluster.bootstrap), {"payments": 3})  # leaders to hand over
+        frozen, others = cluster.nodes[2].pid(), [node.pid() for node in cluster.nodes[:2]]
+        os.kill(frozen, signal.SIGSTOP)
+        stopping = threading.Thread(target=cluster.stop, daemon=True)
+        stopping.start()
+        try:
+            wait_until("nodes 1 and 2 stopped", lambda: not any(_alive(pid) for pid in others), 90)
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        quorum_gone = time.monotonic()
+        stopping.join(60)
+        assert not stopping.is_alive(), "kafka down still waiting 60 s after the quorum had gone"
+        waited = time.monotonic() - quorum_gone
+        captured = capfd.readouterr()
+        err = captured.err
+        sys.stdout.write(captured.out + f"kafka down: node 3 stopped {waited:.1f}s after nodes 1 and 2\n")
+        assert waited < STRANDED_AFTER_S + 8, f"node 3 stopped {waited:.1f}s after the quorum had gone"
+        assert '"event": "kafka_node_stranded"' in err and '"node": 3' in err, err[-2000:]
+        assert "kafka_broker_killed" not in err, err[-2000:]  # 1 and 2 were approved and shut down cleanly
+        assert not _alive(frozen) and cluster.nodes[2].pid() is None
     finally:
         cluster.stop()
 
