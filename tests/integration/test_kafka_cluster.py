@@ -23,6 +23,7 @@ from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
 from streamlearn.kafka.admin import end_offsets, ensure_topics, replica_states
 from streamlearn.kafka.broker import STRANDED_AFTER_S, KafkaCluster, _alive, free_port
+from streamlearn.loadgen.generator import run_load
 from streamlearn.serve.answers import SCORES_SUFFIX, decode_answers
 from streamlearn.train.trainer import run_dir
 
@@ -210,7 +211,9 @@ def test_kafka_down_stops_a_node_the_quorum_left_waiting_within_seconds(tmp_path
     waited out its SIGKILL, 30 s later; now it is stopped as soon as that is certain."""
     cluster = KafkaCluster(size=3, port=0, data_dir=tmp_path / "kafka").start()
     try:
-        ensure_topics(KafkaSettings(bootstrap=cluster.bootstrap), {"payments": 3})  # leaders to hand over
+        settings = KafkaSettings(bootstrap=cluster.bootstrap)
+        ensure_topics(settings, {"payments": 3})  # leaders to hand over
+        run_load(cluster.bootstrap, "payments", partitions=3, count=3000, bad_fraction=0.0, seed=5)  # acks=all
         frozen, others = cluster.nodes[2].pid(), [node.pid() for node in cluster.nodes[:2]]
         os.kill(frozen, signal.SIGSTOP)
         stopping = threading.Thread(target=cluster.stop, daemon=True)
@@ -230,6 +233,10 @@ def test_kafka_down_stops_a_node_the_quorum_left_waiting_within_seconds(tmp_path
         assert '"event": "kafka_node_stranded"' in err and '"node": 3' in err, err[-2000:]
         assert "kafka_broker_killed" not in err, err[-2000:]  # 1 and 2 were approved and shut down cleanly
         assert not _alive(frozen) and cluster.nodes[2].pid() is None
+        # `kafka up` again: node 3 recovers its logs and the cluster has every event it acknowledged
+        cluster.start()
+        wait_until("node 3 back in every partition's ISR", lambda: all_in_sync(settings, "payments"), 60)
+        assert sum(end_offsets(settings, "payments").values()) == 3000
     finally:
         cluster.stop()
 
