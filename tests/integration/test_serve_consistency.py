@@ -51,8 +51,8 @@ class Client(threading.Thread):
                 try:
                     r = client.post("/score", json=EVENT)
                     body = r.json() if r.status_code == 200 else {}
-                    self.results.append((sent, time.monotonic(), r.status_code, body.get("version"),
-                                         body.get("replica")))
+                    status = 200 if r.status_code == 200 else f"{r.status_code} {r.text[:200]}"  # what it said
+                    self.results.append((sent, time.monotonic(), status, body.get("version"), body.get("replica")))
                 except httpx.HTTPError as e:
                     self.results.append((sent, time.monotonic(), repr(e), None, None))
 
