@@ -386,13 +386,11 @@ class KafkaCluster:
         stranded = Stranded({pid: node for node, pid in running}, majority=len(self.nodes) // 2 + 1)
         killed = terminate_all([pid for _, pid in running], _alive, timeout_s, hopeless=stranded)
         for node, pid in running:
+            node._stopped(killed=pid in killed and pid not in stranded.judged, waited_s=timeout_s)
             if pid in stranded.judged:
-                node._state_file.unlink(missing_ok=True)
                 log("kafka_node_stranded", level="warning", node=node.node_id, log_file=str(node.log_file),
                     why="its controlled shutdown waited for an approval from a controller quorum that had "
                         "stopped; stopped with SIGKILL (the next start recovers its logs)")
-            else:
-                node._stopped(killed=pid in killed, waited_s=timeout_s)
         return bool(running)
 
 
@@ -415,15 +413,17 @@ class Stranded:
         self.marks = {pid: _log_size(node.log_file) for pid, node in nodes.items()}  # the log before the signal
         self.quorum_gone_at: float | None = None
         self.judged: set[int] = set()
+        self.approved: set[int] = set()  # read once: asked every poll, its log is not read again
 
     def __call__(self, pid: int, running: list[int]) -> bool:
         if len(running) >= self.majority:
             return False
         self.quorum_gone_at = self.quorum_gone_at or time.monotonic()
-        if time.monotonic() - self.quorum_gone_at < STRANDED_AFTER_S:
+        if pid in self.approved or time.monotonic() - self.quorum_gone_at < STRANDED_AFTER_S:
             return False
         text = _log_since(self.nodes[pid].log_file, self.marks[pid])
         if any(line in text for line in SHUTDOWN_APPROVED):
+            self.approved.add(pid)
             return False  # approved: its own shutdown is under way, with the timeout's time
         self.judged.add(pid)
         return True
