@@ -169,10 +169,11 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlle
                 if client:
                     client.finish()
                 load.finish()
-            # Its idle stop, not a drain: drained, the run ended ~13 s after the broker restart above and
-            # the whole-cluster stop below, under the suite's load, left a node waiting 30 s for a
-            # controlled-shutdown approval after the quorum had gone, 2 fresh-clone runs in a row (12-04).
-            summary = finish_training(training, drain=False)
+            # Drained, not its 20-s idle stop. The drain brings the whole-cluster stop below ~13 s after
+            # the broker restart, under load, where a node the quorum left waiting for its approval is
+            # likeliest (2 fresh-clone runs in a row, 12-04): `kafka down` stops such a node 2 s after the
+            # quorum went (`kafka_node_stranded`), so that end is tolerated below and the next test makes it certain.
+            summary = finish_training(training)
             answered = client.answered()
             # Every answer reaches the answers topic (librdkafka sends them in the background).
             wait_until("every answer in the answers topic", lambda: answers_count(settings, scores) >= len(answered),
