@@ -100,8 +100,10 @@ def test_two_replicas_serve_one_version_at_a_time_through_swaps_and_a_replica_ki
     # Only requests around the death may fail, at most one per client (each has one in flight),
     # all within moments of it. HAProxy itself resends a request the dead replica left unanswered
     # (retry-on empty-response, streamlearn/serve/ingress.py): 0 failed of 14,852 in 3 runs
-    # since (2 of 14,570 before it, sent 20 ms after the kill); what is left is a client's kept-alive connection
-    # closed as HAProxy reloads (the fault test saw one); 2 s leaves room for a loaded machine.
+    # since (2 of 14,570 before it, sent 20 ms after the kill). What is left (3 of 11 runs here, 12-04) is a
+    # request sent within 40 ms of the death that HAProxy could not resend: it closes that kept-alive client
+    # connection without an answer or a log line (its design for a request that is not a connection's first,
+    # so that the client retries) ~0.3 s later, before its reload; 2 s leaves room for a loaded machine.
     assert len(failed) <= CLIENTS, failed[:8]
     assert all(sent <= killed_at + 2.0 and received >= killed_at - 0.5 for sent, received, *_ in failed), failed
     _assert_one_version_at_a_time(results, cfg)
