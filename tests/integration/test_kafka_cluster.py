@@ -169,10 +169,9 @@ def test_training_scoring_and_dead_letters_through_a_leader_kill_and_a_controlle
                 if client:
                     client.finish()
                 load.finish()
-            # Drained, not its 20-s idle stop. The drain brings the whole-cluster stop below ~13 s after
-            # the broker restart, under load, where a node the quorum left waiting for its approval is
-            # likeliest (2 fresh-clone runs in a row, 12-04): `kafka down` stops such a node 2 s after the
-            # quorum went (`kafka_node_stranded`), so that end is tolerated below and the next test makes it certain.
+            # Drained, not its 20-s idle stop. The whole-cluster stop below then comes ~13 s after the broker
+            # restart, where a node the quorum leaves waiting for its approval is likeliest: `kafka down`
+            # stops it 2 s after the quorum goes (`kafka_node_stranded`, tolerated below; the next test).
             summary = finish_training(training)
             answered = client.answered()
             # Every answer reaches the answers topic (librdkafka sends them in the background).

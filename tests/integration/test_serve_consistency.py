@@ -98,12 +98,10 @@ def test_two_replicas_serve_one_version_at_a_time_through_swaps_and_a_replica_ki
     by_replica = {r[4]: {v for *_, v, rep in before if rep == r[4]} for r in before if r[4]}
     assert len(by_replica) == 2 and all(len(v) >= 2 for v in by_replica.values()), by_replica
     # Only requests around the death may fail, at most one per client (each has one in flight),
-    # all within moments of it. HAProxy itself resends a request the dead replica left unanswered
-    # (retry-on empty-response, streamlearn/serve/ingress.py): 0 failed of 14,852 in 3 runs
-    # since (2 of 14,570 before it, sent 20 ms after the kill). What is left (3 of 11 runs here, 12-04) is a
-    # request sent within 40 ms of the death that HAProxy could not resend: it closes that kept-alive client
-    # connection without an answer or a log line (its design for a request that is not a connection's first,
-    # so that the client retries) ~0.3 s later, before its reload; 2 s leaves room for a loaded machine.
+    # all within moments of it. HAProxy resends what the dead replica left unanswered (retry-on
+    # empty-response, streamlearn/serve/ingress.py); a request sent within 40 ms of the death that it
+    # cannot resend gets its kept-alive connection closed without an answer ~0.3 s later, for the client
+    # to retry (3 of 11 runs, 12-04; docs/OPERATIONS.md, "Client contract"). 2 s leaves room for a loaded machine.
     assert len(failed) <= CLIENTS, failed[:8]
     assert all(sent <= killed_at + 2.0 and received >= killed_at - 0.5 for sent, received, *_ in failed), failed
     _assert_one_version_at_a_time(results, cfg)
