@@ -197,6 +197,7 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
     import psutil
 
     from streamlearn.train.trainer import train as run_training
+    from streamlearn.train.trainer import wait_for_metrics
 
     cfg = TrainConfig(pipeline=pipeline, topic=topic, workers=workers, ingest=ingest, read_lanes=read_lanes,
                       use_gpu=use_gpu, sync=sync, cpus_per_worker=cpus_per_worker, batch_size=batch_size,
@@ -211,6 +212,7 @@ def train(pipeline: str = typer.Option(TrainConfig.pipeline,
                             min_gain=min_gain)
     # The startup breakdown (first checkpoint's startup_s) counts from this process's start.
     _print_json(run_training(cfg, _kafka(bootstrap), scaling, started_at=psutil.Process().create_time()))
+    wait_for_metrics()  # the run's last lag sample leaves before this process and its actors do
 
 
 @app.command()

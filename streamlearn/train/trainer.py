@@ -28,12 +28,13 @@ RAY_TRAIN_ENV = {
     # could not remove the node it landed on (the fresh-clone CI failure of test_autoscale).
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     # The controller learns a group ended at its next poll of the workers, and a poll that takes
-    # the last checkpoint's report from Ray's queue still counts as running: at Ray's 2 s a
-    # bounded run's group ended 3.9-4.9 s after its last checkpoint, at 1 s 1.7-2.5 s; the
-    # controller's CPU 0.21-0.25 s a run at 2 s, 0.25-0.28 at 1 s (DECISIONS §1, "A group's end").
-    # Recovery from a killed worker did not measurably change (kill -> first step, median of 3:
-    # 2.2 s at 2 s, 2.6 s at 1 s; load/bench/faults.py).
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
+    # the last checkpoint's report from Ray's queue still counts as running, so a group ends about
+    # two polls after its last checkpoint: 3.9-4.9 s at Ray's 2 s, 1.7-1.9 s at 1 s, 0.33-0.53 s
+    # at 0.25 s (2 workers, a bounded run, 4 runs each, 12-04). A poll is one small actor call per
+    # worker: over 20 s of a running group the controller used 0.27 CPU-s at 0.25 s against 0.18
+    # at 1 s, its workers 0.98 against 0.95 (DECISIONS §1, "A group's end"). A hung poll is still
+    # judged by Ray's own 10-minute timeout, not by this interval.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
 }
 CLEANER_CHECK_S = 10.0  # a dead controller's workers' CPUs are freed this late at most (Ray: 1 s)
 
@@ -172,10 +173,37 @@ def train(cfg: TrainConfig, kafka: KafkaSettings, scaling: ScalingPolicy | None 
         ray.kill(controller)
         raise
     ray.get(controller.stop.remote())  # takes the run's last lag sample
-    time.sleep(metrics.report_interval_s())  # ...which reaches the metrics agent only if it lives this long
-    ray.kill(controller)
+    _retire(controller, metrics.report_interval_s())  # ...which reaches the metrics agent only if it lives this long
     after = _meta_or_none(ckpt.newest(run_dir(cfg)))
     return summarize_run(before, after, time.time() - started)
+
+
+_retiring: list[threading.Thread] = []
+
+
+def _retire(controller, after_s: float) -> None:
+    """Kill a finished run's controller once Ray has sent its last recordings, without holding up
+    the caller: a test or a notebook goes on at once (the group's end no longer waits out Ray's
+    report interval: 1 s a run in the tests, 10 s by default). A process about to exit calls
+    `wait_for_metrics`, since its actors die with it."""
+    import ray
+
+    def kill():
+        time.sleep(after_s)
+        try:
+            ray.kill(controller)
+        except Exception:  # Ray shut down meanwhile, or the next run of this name replaced it
+            pass
+
+    thread = threading.Thread(target=kill, name="retire-controller", daemon=True)
+    thread.start()
+    _retiring.append(thread)
+
+
+def wait_for_metrics() -> None:
+    """Return once every run this process finished has sent its last lag sample (`_retire`)."""
+    while _retiring:
+        _retiring.pop().join()
 
 
 class _Group(threading.Thread):

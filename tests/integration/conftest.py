@@ -56,7 +56,7 @@ def ray_cluster(tmp_path_factory):
     from streamlearn.kafka.broker import free_port
 
     # Metrics sent every second, not every 10 s: test_metrics reads them soon after they move,
-    # and a finished run waits one interval so its last lag sample is sent (trainer.train).
+    # and a finished run's controller lives one interval on so its last lag sample is sent (trainer._retire).
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
     # The session's Prometheus scrapes every 30 s, not the demo's 5: each scrape makes Ray's agent
     # render every series the session has made (half its CPU, 9 % of the suite's, at 5 s), and

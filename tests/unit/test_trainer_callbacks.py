@@ -37,4 +37,4 @@ def test_train_s_controller_settings_are_ours_unless_the_user_set_them(monkeypat
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "3")
     assert ray_train_env() == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "3"}
     monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
-    assert ray_train_env()["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1"
+    assert ray_train_env()["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.25"
