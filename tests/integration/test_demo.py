@@ -129,7 +129,7 @@ def _banner(lines: list[str], demo: subprocess.Popen, deadline: float) -> tuple[
         if found:
             return found.group(1), found.group(2)
         assert demo.poll() is None, f"the demo ended (exit {demo.returncode}) before its banner:\n{text[-4000:]}"
-        time.sleep(1.0)
+        time.sleep(0.25)
     raise AssertionError(f"no banner within {SERVED_WITHIN_S} s:\n{''.join(lines)[-4000:]}")
 
 
@@ -143,7 +143,7 @@ def _served_version(url: str, demo: subprocess.Popen, deadline: float) -> int:
         except (urllib.error.URLError, OSError):
             pass  # Serve's proxy comes up a little after the banner
         assert demo.poll() is None, f"the demo ended (exit {demo.returncode}) before serving a version"
-        time.sleep(2.0)
+        time.sleep(0.5)
     raise AssertionError(f"the demo served no model version within {SERVED_WITHIN_S} s")
 
 
@@ -156,6 +156,6 @@ def _served_row(path: Path, demo: subprocess.Popen, deadline: float) -> dict:
         row = read_last_jsonl(path)
         if row and isinstance((row.get("overall") or {}).get("auc"), float):
             return row
-        time.sleep(2)
+        time.sleep(0.5)
     raise AssertionError(f"no served-quality row with an AUC (answers of both classes judged) in {path}: "
                          f"{read_last_jsonl(path)}")
