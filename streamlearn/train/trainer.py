@@ -29,12 +29,10 @@ RAY_TRAIN_ENV = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     # The controller learns a group ended at its next poll of the workers, and a poll that takes
     # the last checkpoint's report from Ray's queue still counts as running, so a group ends about
-    # two polls after its last checkpoint: 3.9-4.9 s at Ray's 2 s, 1.7-1.9 s at 1 s, 0.33-0.53 s
-    # at 0.25 s (2 workers, a bounded run, 4 runs each, 12-04). A poll is one small actor call per
-    # worker: over 20 s of a running group the controller used 0.27 CPU-s at 0.25 s against 0.18
-    # at 1 s, its workers 0.98 against 0.95; 2 workers learned as fast (load.bench.ingest, 600k events,
-    # medians of 3: 248k events/s at 1 s, 254k and 267k at 0.25 s in runs either side of it; DECISIONS §1,
-    # "A group's end"). A hung poll is still judged by Ray's own 10-minute timeout, not by this interval.
+    # two polls after its last checkpoint (0.33-0.53 s at 0.25 s, 1.7-1.9 s at 1 s). A poll is one
+    # small actor call per worker: the controller's CPU rose 0.09 s per 20 s and learning did not
+    # slow (figures in DECISIONS §1, "A group's end"). A hung poll is still judged by Ray's own
+    # 10-minute timeout, not by this interval.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
 }
 CLEANER_CHECK_S = 10.0  # a dead controller's workers' CPUs are freed this late at most (Ray: 1 s)
@@ -183,10 +181,9 @@ _retiring: list[threading.Thread] = []
 
 
 def _retire(controller, after_s: float) -> None:
-    """Kill a finished run's controller once Ray has sent its last recordings, without holding up
-    the caller: a test or a notebook goes on at once (the group's end no longer waits out Ray's
-    report interval: 1 s a run in the tests, 10 s by default). A process about to exit calls
-    `wait_for_metrics`, since its actors die with it."""
+    """Kill a finished run's controller once Ray has sent its last recordings (one report
+    interval: 10 s by default), without holding up the caller: a test or a notebook goes on at
+    once. A process about to exit calls `wait_for_metrics`, since its actors die with it."""
     import ray
 
     def kill():
