@@ -246,3 +246,19 @@ def test_a_store_that_cannot_be_written_is_given_up_and_every_report_re_reads(tm
     first = _batch(feedback, [m for q in sorted(topic) for m in topic[q]], [_report(e, p, o, 0)])
     assert first.size == 41 and feedback.rows is None and lookup.reads == 1
     assert first.crcs.tolist()[-1] == zlib.crc32(value)
+
+
+def test_a_write_that_fails_in_the_stores_thread_gives_the_store_up_at_the_next_window(tmp_path, monkeypatch):
+    from streamlearn.ingest import rowstore
+
+    def full(fd, data, at):
+        raise OSError(28, "No space left on device")
+
+    placed, topic = _events(4, 60)
+    e, value, p, o = placed[9]
+    monkeypatch.setattr(rowstore.os, "pwrite", full)
+    feedback = ReportFeedback(PIPELINE.labels, (lookup := Topic(topic)), _stores(tmp_path))
+    first = _batch(feedback, [m for q in sorted(topic) for m in topic[q]], [])  # its rows' write fails, unseen
+    batch = _batch(feedback, [], [_report(e, p, o, 0)])  # this window sees it: the event is re-read
+    assert first.size == 60 and batch.size == 1 and feedback.rows is None and lookup.reads == 1
+    assert batch.crcs.tolist() == [zlib.crc32(value)] and not batch.bad_labels

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from streamlearn.ingest.rowstore import ID_BYTES, MARK, SEGMENT_BITS, RowStore, row_dtype, row_ids
 
@@ -53,6 +54,7 @@ def test_a_torn_or_zeroed_row_is_a_miss(tmp_path):
     store = RowStore(tmp_path, 5)
     keys, crcs, x = _rows(3)
     store.add(np.zeros(3, np.int64), np.arange(3, dtype=np.int64), keys, crcs, x)
+    store.flush()
     size = store.dtype.itemsize
     path = store.dir / "p0-000000.rows"
     with open(path, "r+b") as f:  # row 1 lost all but its offset (the mark too), row 2 is all zeros
@@ -83,16 +85,19 @@ def test_the_same_window_written_again_leaves_the_same_bytes(tmp_path):
     keys, crcs, x = _rows(100)
     args = (np.zeros(100, np.int64), np.arange(100, dtype=np.int64), keys, crcs, x)
     store.add(*args)
+    store.flush()
     first = (store.dir / "p0-000000.rows").read_bytes()
     store.close()
-    RowStore(tmp_path, 5).add(*args)  # a replay of the window, or a warm hand-over's second group
+    (again := RowStore(tmp_path, 5)).add(*args)  # a replay of the window, or a warm hand-over's second group
+    again.close()
     assert (store.dir / "p0-000000.rows").read_bytes() == first
     assert os.path.getsize(store.dir / "p0-000000.rows") == 100 * store.dtype.itemsize
 
 
 def test_features_of_another_shape_or_type_find_none_of_the_old_rows(tmp_path):
     keys, crcs, x = _rows(1)
-    RowStore(tmp_path, 5).add(np.zeros(1, np.int64), np.zeros(1, np.int64), keys, crcs, x)
+    (store := RowStore(tmp_path, 5)).add(np.zeros(1, np.int64), np.zeros(1, np.int64), keys, crcs, x)
+    store.close()
     assert RowStore(tmp_path, 6).get(0, [0], keys) == [None]
     assert RowStore(tmp_path, 5, np.dtype(np.float64)).get(0, [0], keys) == [None]
 
@@ -136,3 +141,71 @@ def test_a_broker_that_cannot_say_where_the_topic_starts_only_delays_pruning(tmp
     for _ in range(3):  # the window is learned; the broker is asked once per partition, not per window
         assert _batch(feedback, [m for q in sorted(topic) for m in topic[q]], []).size == 40
     assert lookup.asked == 2
+
+
+def test_a_window_is_written_by_the_stores_thread_and_its_rows_read_meanwhile_from_memory(tmp_path, monkeypatch):
+    """add returns before its rows are in the file (the rank learns meanwhile); a report for one
+    of them gets the same bytes from the window's rows in memory, and the next add waits for the write."""
+    import threading
+
+    from streamlearn.ingest import rowstore
+
+    release, writes = threading.Event(), []
+    real = os.pwrite
+
+    def slow(fd, data, at):  # the disk slow: the write waits until released
+        release.wait(10)
+        writes.append(at)
+        return real(fd, data, at)
+
+    monkeypatch.setattr(rowstore.os, "pwrite", slow)
+    store = RowStore(tmp_path, 5)
+    keys, crcs, x = _rows(6)
+    store.add(np.zeros(4, np.int64), np.array([0, 1, 3, 4], np.int64), keys[:4], crcs[:4], x[:4])  # 2: a gap
+    assert writes == []  # returned with the write still to come
+    found = store.get(0, [1, 2, 4, 5], row_ids(["0-1", "x", "0-3", "y"]))
+    assert [f is not None for f in found] == [True, False, True, False] and writes == []
+    assert found[0][0].tobytes() == x[1].tobytes() and found[2][1] == crcs[3]
+    threading.Timer(0.2, release.set).start()
+    store.add(np.zeros(2, np.int64), np.array([8, 9], np.int64), keys[4:], crcs[4:], x[4:])
+    assert writes == [0]  # the first window's write, done before the second was laid out
+    store.close()
+    assert writes == [0, 8 * store.dtype.itemsize]
+    assert [f is not None for f in RowStore(tmp_path, 5).get(0, [1, 2, 4], row_ids(["0-1", "x", "0-3"]))] == \
+        [True, False, True]  # and the file holds what memory gave
+
+
+def test_a_write_that_failed_makes_its_rows_misses_and_the_next_add_raise(tmp_path, monkeypatch):
+    from streamlearn.ingest import rowstore
+
+    def full(fd, data, at):
+        raise OSError(28, "No space left on device")
+
+    store = RowStore(tmp_path, 5)
+    keys, crcs, x = _rows(2)
+    monkeypatch.setattr(rowstore.os, "pwrite", full)
+    store.add(np.zeros(2, np.int64), np.arange(2, dtype=np.int64), keys, crcs, x)  # returns: the thread fails
+    store.flush()
+    assert store.get(0, [0, 1], keys) == [None, None] and isinstance(store.failed, OSError)
+    with pytest.raises(OSError, match="No space"):
+        store.add(np.zeros(2, np.int64), np.arange(2, 4, dtype=np.int64), keys, crcs, x)
+    store.close()
+
+
+def test_a_window_over_more_files_than_are_kept_open_writes_each_row_to_its_own_file(tmp_path, monkeypatch):
+    """A file let go of (OPEN_FILES) while the window's write may still use it is closed only
+    once the write is done: never a write to a closed or reused descriptor."""
+    from streamlearn.ingest import rowstore
+
+    monkeypatch.setattr(rowstore, "OPEN_FILES", 2)
+    store = RowStore(tmp_path, 5)
+    keys, crcs, x = _rows(10)
+    partitions = np.repeat(np.arange(5, dtype=np.int64), 2)
+    offsets = np.tile(np.array([0, 1], np.int64), 5)
+    store.add(partitions, offsets, keys, crcs, x)
+    store.close()
+    reopened = RowStore(tmp_path, 5)
+    for i, (p, o) in enumerate(zip(partitions.tolist(), offsets.tolist(), strict=True)):
+        [(got, crc)] = reopened.get(p, [o], keys[i:i + 1])
+        assert got.tobytes() == x[i].tobytes() and crc == crcs[i]
+    reopened.close()
