@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -86,6 +87,7 @@ class RowStore:
         self.dir = Path(directory) / f"{np.dtype(features).str.strip('<>|=')}x{width}"
         self._files: dict[tuple[int, int], int] = {}  # (partition, segment) -> fd, oldest first
         self.hits = self.misses = 0
+        self.waited_s = 0.0  # time `add` waited for the window before's write: the disk behind learning
         self._writer: ThreadPoolExecutor | None = None  # started at the first add
         self._writing: Future | None = None  # the last window's write, until seen done
         # ... and its rows meanwhile: (partition, segment) -> (first offset, rows)
@@ -95,32 +97,32 @@ class RowStore:
 
     def add(self, partitions: np.ndarray, offsets: np.ndarray, ids: np.ndarray, crcs: np.ndarray,
             x: np.ndarray) -> None:
-        """One window's learned events (`row_ids` of their ids; partitions in any order, offsets
-        ascending within each): one write per partition and file, the gaps (dead-lettered events)
-        written as misses. Written by the store's thread: returns once the rows are laid out. A
-        write that failed before is raised here (OSError): the caller stops keeping rows."""
+        """One window's learned events (`row_ids` of their ids), each partition's together and in
+        offset order (a slice as reader.read_raw gives it): one write per partition and file, the
+        gaps (dead-lettered events) written as misses. Written by the store's thread: returns once
+        the rows are laid out. A write that failed before is raised here (OSError): the caller
+        stops keeping rows."""
+        started = time.perf_counter()
         self.flush()
+        self.waited_s += time.perf_counter() - started
         if self.failed is not None:
             raise self.failed
-        if not len(offsets):
+        n = len(offsets)
+        if not n:
             return
+        rows = np.zeros(n, self.dtype)  # zeros: the padding's bytes are the same each time
+        rows["offset"], rows["crc"], rows["mark"], rows["id"], rows["x"] = offsets, crcs, MARK, ids, x
+        segments = offsets >> SEGMENT_BITS
+        cuts = (np.flatnonzero((partitions[1:] != partitions[:-1]) | (segments[1:] != segments[:-1])) + 1).tolist()
         writes = []
-        for p in np.unique(partitions):
-            at = np.flatnonzero(partitions == p)
-            segments = offsets[at] >> SEGMENT_BITS
-            for seg in np.unique(segments):
-                rows = at[segments == seg]
-                lo, hi = int(offsets[rows[0]]), int(offsets[rows[-1]])
-                block = np.zeros(hi - lo + 1, self.dtype)  # zeros: the padding's bytes are the same each time
-                place = slice(None) if len(rows) == len(block) else offsets[rows] - lo  # no gap: no index
-                block["offset"][place] = offsets[rows]
-                block["crc"][place] = crcs[rows]
-                block["mark"][place] = MARK
-                block["id"][place] = ids[rows]
-                block["x"][place] = x[rows]
-                at_byte = (lo - (int(seg) << SEGMENT_BITS)) * self.dtype.itemsize
-                writes.append((self._fd(int(p), int(seg)), block, at_byte))
-                self._blocks[(int(p), int(seg))] = (lo, block)
+        for i, j in zip([0, *cuts], [*cuts, n], strict=True):  # each partition's rows in one file
+            p, seg, lo, hi = int(partitions[i]), int(segments[i]), int(offsets[i]), int(offsets[j - 1])
+            block = rows[i:j]
+            if hi - lo != j - 1 - i:  # events dead-lettered between: their rows stay zeros
+                block = np.zeros(hi - lo + 1, self.dtype)
+                block[offsets[i:j] - lo] = rows[i:j]
+            writes.append((self._fd(p, seg), block, (lo - (seg << SEGMENT_BITS)) * self.dtype.itemsize))
+            self._blocks[(p, seg)] = (lo, block)
         self._writer = self._writer or ThreadPoolExecutor(1, thread_name_prefix="rows")
         self._writing = self._writer.submit(_write, writes)
 
