@@ -143,16 +143,23 @@ class RowStore:
     def get(self, p: int, offsets: list[int], ids: np.ndarray) -> list[tuple[np.ndarray, int] | None]:
         """For each of partition p's `offsets`: (features, crc) if its row is here, whole, and of
         the event whose id is the matching entry of `ids` (`row_ids`); else None."""
-        found: list[tuple[np.ndarray, int] | None] = []
-        for o, event_id in zip(offsets, ids.tolist(), strict=True):
-            raw = self._row(p, o)
-            if raw and raw[self._id_at:self._id_at + ID_BYTES].rstrip(b"\0") == event_id:
-                found.append((np.frombuffer(raw, self.x_dtype, offset=self._x_at, count=1)[0].copy(),
-                              int.from_bytes(raw[8:12], "little")))
-                self.hits += 1
-            else:
-                found.append(None)
-                self.misses += 1
+        found: list[tuple[np.ndarray, int] | None] = [None] * len(offsets)
+        asked, decided = np.asarray(offsets, np.int64), np.zeros(len(offsets), bool)
+        for (q, _), (lo, block) in self._blocks.items():  # the window being written: its rows at once
+            at = np.flatnonzero((asked >= lo) & (asked < lo + len(block))) if q == p else ()
+            if len(at):
+                rows = block[asked[at] - lo]
+                whole = (rows["offset"] == asked[at]) & (rows["mark"] == MARK) & (rows["id"] == ids[at])
+                for i, x, crc in zip(at[whole].tolist(), rows["x"][whole], rows["crc"][whole].tolist(), strict=True):
+                    found[i] = (x, crc)
+                decided[at] = True
+        for i in np.flatnonzero(~decided).tolist():  # the rest from the files, a pread each
+            raw = self._row(p, offsets[i])
+            if raw and raw[self._id_at:self._id_at + ID_BYTES].rstrip(b"\0") == ids[i]:
+                found[i] = (np.frombuffer(raw, self.x_dtype, offset=self._x_at, count=1)[0].copy(),
+                            int.from_bytes(raw[8:12], "little"))
+        hits = len(found) - found.count(None)
+        self.hits, self.misses = self.hits + hits, self.misses + len(found) - hits
         return found
 
     def read(self, p: int, offsets: list[int]) -> list[np.ndarray | None]:

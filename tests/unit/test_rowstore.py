@@ -166,6 +166,7 @@ def test_a_window_is_written_by_the_stores_thread_and_its_rows_read_meanwhile_fr
     found = store.get(0, [1, 2, 4, 5], row_ids(["0-1", "x", "0-3", "y"]))
     assert [f is not None for f in found] == [True, False, True, False] and writes == []
     assert found[0][0].tobytes() == x[1].tobytes() and found[2][1] == crcs[3]
+    assert store.get(0, [1], row_ids(["another event"])) == [None] and writes == []  # an id not its own
     threading.Timer(0.2, release.set).start()
     store.add(np.zeros(2, np.int64), np.array([8, 9], np.int64), keys[4:], crcs[4:], x[4:])
     assert writes == [0]  # the first window's write, done before the second was laid out
