@@ -96,7 +96,9 @@ def pipeline_rate(bootstrap: str, n: int, workers: int, home: Path, ingest: str 
     rows = [json.loads(line) for line in (run_dir(cfg) / "history.jsonl").read_text().splitlines()]
     startup = rows[0]["startup_s"]
     steady_from = started + startup["first_step_done"]
-    learned = rows[-1]["learned"] - startup["first_window_events"]
+    # Events of the stream, not rows learned: with delayed feedback a report's event is learned a
+    # second time, extra work and not an extra event (its count: the last row's join.reports).
+    learned = rows[-1]["learned"] - (rows[-1].get("join") or {}).get("reports", 0) - startup["first_window_events"]
     steady_s = rows[-1]["t"] - steady_from
     phases: dict[str, float] = {}
     for row in rows:
