@@ -24,10 +24,9 @@ A window's rows are written by a thread of the store's own while the rank learns
 into new pages of a sparse file cost this project's VM ~0.6 us a row (its host backs guest pages
 as they are first touched), more than the rest of delayed feedback's work on a window, and a lone
 rank reads its windows inline (DECISIONS §1), so written in place it was time the rank did not
-learn (DECISIONS §20). One
-window's write at most is in flight (the next `add` waits for it), and a row of that window is
-read from the window's own rows in memory: the same bytes, and no wait for a report a few
-seconds late.
+learn (DECISIONS §20). One window's write at most is in flight (the next `add` waits for it),
+and a row of that window is read from the window's own rows in memory: the same bytes, and no
+wait for a report a few seconds late (`get` gathers them at once; `_row`, one by one, for `read`).
 """
 
 from __future__ import annotations
