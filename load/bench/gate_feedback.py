@@ -13,7 +13,7 @@ checkpoints stand for the trainer's 2 s. Two evidences are kept per checkpoint, 
 
 - `fake negatives` (the trainer's evidence before): every learned row with the target it was
   learned with (an unreported fraud counts as legitimate), scored just before it was learned;
-- `matured` (now): the reports (final as they come) and up to 128 events an interval whose
+- `matured` (now): the reports (final as they come) and one in 16 of the events an interval whose
   attribution window ended unreported, scored together, before each window is learned, by the
   model as it stands (the trainer: train/learner.py, `judge_matured`).
 
@@ -36,6 +36,7 @@ import torch
 
 from load.bench.common import median, write_json, write_section
 from load.bench.gate import BATCH, EVIDENCE, WORSE_EVERY, noisy, scored_by
+from streamlearn.ingest.maturing import DENSITY, SAMPLE
 from streamlearn.loadgen.generator import BankingSimulator
 from streamlearn.pipeline import load_pipeline
 from streamlearn.prequential import roc_auc
@@ -46,7 +47,6 @@ from streamlearn.train.feedback import fake_negative_weights
 
 FRAUD = load_pipeline("fraud")
 KINDS = ("fake negatives", "matured")
-MATURED_SAMPLE = 128  # ingest/maturing.py's SAMPLE, here per checkpoint interval
 WINDOWS = 8  # windows a checkpoint interval (the trainer: ~8k-event windows, a checkpoint every 2 s)
 
 
@@ -97,9 +97,12 @@ class Stream:
     """The generator's events, each fraud's report `delay` events after it, and the events whose
     attribution window (`ttl` events) ended with none."""
 
-    def __init__(self, seed: int, median_delay: int, ttl: int):
+    def __init__(self, seed: int, median_delay: int, ttl: int, events: int):
         self.sim, self.rng = BankingSimulator(seed, drift_at=None), np.random.default_rng(seed + 7)
         self.median_delay, self.ttl = median_delay, ttl
+        # As the trainer draws them (ingest/maturing.py): one in DENSITY of as many matured events as
+        # an interval learns, at most SAMPLE a window.
+        self.sample = min(SAMPLE * WINDOWS, events // DENSITY)
         self.due: list[tuple[int, np.ndarray]] = []  # (event index it is reported at, its features)
         self.past: list[tuple[int, np.ndarray, np.ndarray]] = []  # (first index, features, truth), oldest first
         self.n = 0
@@ -120,18 +123,18 @@ class Stream:
         return x, reports, self._matured(start - self.ttl, end - self.ttl)
 
     def _matured(self, lo: int, hi: int) -> np.ndarray:
-        """Up to MATURED_SAMPLE of the events with index in [lo, hi), legitimate (every fraud is
+        """Up to `sample` of the events with index in [lo, hi), legitimate (every fraud is
         reported within the window), spread evenly; intervals past the window are dropped."""
         rows = [x[i] for first, x, truth in self.past
                 for i in np.unique(np.linspace(max(lo, first) - first, min(hi, first + len(x)) - first - 1,
-                                               MATURED_SAMPLE).astype(int))
+                                               self.sample).astype(int))
                 if max(lo, first) < min(hi, first + len(x)) and truth[i] < 0.5]
         self.past = [p for p in self.past if p[0] + len(p[1]) > hi]
-        return np.stack(rows[:MATURED_SAMPLE]) if rows else np.empty((0, FRAUD.features([]).shape[1]), np.float32)
+        return np.stack(rows[:self.sample]) if rows else np.empty((0, FRAUD.features([]).shape[1]), np.float32)
 
 
 def run(seed: int, candidates: int, events: int, median_delay: int, ttl: int) -> dict:
-    stream = Stream(seed, median_delay, ttl)
+    stream = Stream(seed, median_delay, ttl, events)
     good, shuffled = Learner(seed), Learner(seed + 1, shuffled=True)
     rng = np.random.default_rng(seed)
     held_out_events = BankingSimulator(seed + 100, drift_at=None).events(20_000)

@@ -12,7 +12,7 @@ import numpy as np
 
 from streamlearn.ingest.decode import decode_events, feature_width
 from streamlearn.ingest.feedback import ReportFeedback
-from streamlearn.ingest.maturing import MARKS, SAMPLE, Maturing
+from streamlearn.ingest.maturing import DENSITY, MARKS, SAMPLE, Maturing
 from streamlearn.ingest.rowstore import RowStore
 from streamlearn.ingest.windows import Window
 from streamlearn.loadgen.generator import BankingSimulator, encode_batch
@@ -48,15 +48,45 @@ class Rows:
         return [np.array([p, o], np.float32) for o in offsets]
 
 
-def test_a_sample_spreads_over_every_partition_s_matured_offsets_and_skips_the_reported():
+def test_matured_events_are_drawn_steadily_at_the_learning_pace_and_skip_the_reported():
+    """A burst of matured offsets (a mark: 11 hours of events at a chargeback window of 120 days)
+    is drawn from window after window, as many offsets as each window learned, not read at once:
+    the gate judges every checkpoint, and one checkpoint in hours had matured negatives."""
     maturing = Maturing(TTL_S)
     maturing.learned(0, 0, 10_000, t=0.0)
     maturing.learned(1, 500, 1_500, t=0.0)
-    rows = maturing.sample(Rows(), {0: TTL_S, 1: TTL_S}, {0: set(range(0, 10_000, 2))}, size=100)
-    assert maturing.sample(Rows(), {0: TTL_S, 1: TTL_S}, {}) is None  # nothing new matured
-    by = {p: sorted(o for q, o in rows.astype(int).tolist() if q == p) for p in (0, 1)}
-    assert all(o % 2 for o in by[0]) and 35 <= len(by[0]) <= 91  # its share, less the reported
-    assert len(by[1]) == 10 and by[1][0] == 500 and by[1][-1] == 1_499  # spread end to end
+    clocks, reported = {0: TTL_S, 1: TTL_S}, {0: set(range(0, 10_000, 2))}
+    assert maturing.sample(Rows(), {0: TTL_S - 1, 1: TTL_S - 1}, reported) is None  # not yet
+    drawn = []
+    for learned in ({0: 4_000, 1: 400}, {0: 6_000, 1: 600}):
+        maturing.pace = dict(learned)  # what the windows between draws learned
+        rows = maturing.sample(Rows(), clocks, reported, size=100)
+        drawn.append({p: sorted(o for q, o in rows.astype(int).tolist() if q == p) for p in (0, 1)})
+    maturing.pace = {0: 4_000, 1: 400}
+    assert maturing.sample(Rows(), clocks, reported) is None  # all of it drawn
+    first, second = drawn
+    assert first[0][-1] < 4_000 <= second[0][0] and first[1][-1] < 900 <= second[1][0]  # oldest first, none twice
+    assert all(o % 2 for d in drawn for o in d[0])  # never a reported event
+    assert 35 <= len(first[0]) <= 91 and len(first[1]) == 10 and first[1][0] == 500  # each its share, spread
+    # One in DENSITY of a draw's offsets is read back, at most `size`: 6,600 offsets -> 100 at most.
+    assert sum(map(len, second.values())) <= 100 and len(second[1]) == 10 and second[1][-1] == 1_499
+
+
+def test_a_mark_many_windows_long_still_gives_every_window_its_matured_negatives():
+    """Windows 0.01 s apart, a mark every TTL_S / MARKS (0.39 s, ~39 windows): as at a bank's 120 days
+    (a mark every 11 hours, a checkpoint every 2 s), marks mature in bursts far apart; the draw
+    spreads each over the windows after it, so every window past the first burst has some."""
+    maturing, with_some, drawn = Maturing(TTL_S), [], set()
+    for w in range(int(1.5 * TTL_S / 0.01)):
+        maturing.learned(0, 10 * w, 10 * w + 10, t=w * 0.01)
+        rows = maturing.sample(Rows(), {0: w * 0.01}, {})
+        with_some.append(rows is not None)
+        offsets = [] if rows is None else rows[:, 1].astype(int).tolist()
+        assert not drawn & set(offsets)  # none twice
+        assert all((o // 10) * 0.01 + TTL_S <= w * 0.01 + 1e-9 for o in offsets)  # none early
+        drawn.update(offsets)
+    first = with_some.index(True)
+    assert first * 0.01 < TTL_S + TTL_S / MARKS + 0.02 and all(with_some[first:])
 
 
 def _stream(n: int, per_second: int = 10):
@@ -79,7 +109,7 @@ def test_a_window_carries_the_events_that_matured_unreported_and_never_a_reporte
     feedback = ReportFeedback(spec, lookup, RowStore(tmp_path, feature_width(PIPELINE)))
     reported = {(p, o) for _, p, o, t in placed if o % 7 == 0}
     features = {}
-    matured, n = [], 0
+    matured, n, windows_with = [], 0, []
     for start in range(0, 6_000, 200):  # windows of 20 s
         chunk = placed[start:start + 200]
         messages = [topic[p][o] for p in (0, 1) for _, q, o, _ in chunk if q == p]
@@ -87,6 +117,7 @@ def test_a_window_carries_the_events_that_matured_unreported_and_never_a_reporte
                    for i, (e, p, o, _) in enumerate(chunk) if (p, o) in reported]
         n += len(reports)
         batch = feedback.batch(PIPELINE, Window(0, {}), decode_events(PIPELINE, messages), reports)
+        windows_with.append(batch.matured is not None)
         features.update({x.tobytes(): (p, o, t) for x, (_, p, o, t) in
                          zip(batch.features[:batch.defaulted], sorted(chunk, key=lambda c: (c[1], c[2])), strict=True)})
         if batch.matured is not None:
@@ -100,10 +131,12 @@ def test_a_window_carries_the_events_that_matured_unreported_and_never_a_reporte
             assert batch.matured_age_s >= TTL_S
     assert len(matured) == len(set(matured))  # each event judged once
     old_enough = {(p, o) for _, p, o, t in placed if t + TTL_S <= placed[-1][3] and (p, o) not in reported}
-    assert set(matured) <= old_enough  # 25 windows' worth matured, each with more than SAMPLE events:
-    assert len(matured) >= 0.8 * SAMPLE * 24  # a near-full sample of each (less the reported) ...
+    assert set(matured) <= old_enough  # 25 windows' worth matured, drawn at the learning pace:
+    assert len(matured) >= 0.8 * len(old_enough) / DENSITY  # one in DENSITY (less the reported) ...
     arrived = sorted(t for _, p, o, t in placed if (p, o) in set(matured))
-    assert arrived[0] < 10 and arrived[-1] > 480  # ... spread over all that matured
+    assert arrived[0] < 10 and arrived[-1] > 480  # ... spread over all that matured ...
+    first = windows_with.index(True)
+    assert all(windows_with[first:])  # ... window after window, not in bursts
     assert {p for p, _ in matured} == {0, 1}
     assert not lookup.reads  # every report's event and every matured one came from the row store
 
