@@ -3,9 +3,15 @@ fraud is learned first as legitimate and again as fraud must still teach the tru
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from streamlearn.ingest.decode import feature_width
+from streamlearn.phases import Phases
+from streamlearn.pipeline import load_pipeline
+from streamlearn.train.drift import Watch
 from streamlearn.train.feedback import fake_negative_calibrated, fake_negative_weights
+from streamlearn.train.learner import Learner, Shuffled
 
 
 def test_the_weighted_loss_on_the_biased_stream_is_the_true_loss_in_expectation():
@@ -47,3 +53,29 @@ def test_learning_a_biased_stream_recovers_the_true_rate_with_either_correction(
 
 def test_calibration_clamps_scores_beyond_what_the_biased_stream_allows():
     assert fake_negative_calibrated(torch.tensor([0.0, 0.5, 0.9])).tolist() == [0.0, 1.0, 1.0]
+
+
+
+def test_the_trainer_learns_the_fake_negative_weighted_loss():
+    """The training loop's step (train/learner.py) moves the model as the weighted loss written out
+    plainly does: the weights on the loss, the score they take without gradient."""
+    pipeline = load_pipeline("fraud_chargebacks")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, feature_width(pipeline), generator=gen)
+    y = (torch.rand(64, generator=gen) < 0.3).float()
+    trained, plain, fresh = (_model(pipeline) for _ in range(3))
+    trainer = Learner(trained, torch.optim.SGD(trained.parameters(), lr=0.5), pipeline, torch.device("cpu"),
+                      Watch(1000), Phases(0))
+    assert trainer.fake_negatives
+    trainer.steps(Shuffled(x, y, np.zeros(64, np.uint32), [64], [64], 1))
+    output = plain(x)
+    (pipeline.loss(output, y) * fake_negative_weights(torch.sigmoid(output), y)).mean().backward()
+    torch.optim.SGD(plain.parameters(), lr=0.5).step()
+    for a, b, before in zip(trained.parameters(), plain.parameters(), fresh.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+        assert not torch.equal(a, before)
+
+
+def _model(pipeline):
+    torch.manual_seed(5)
+    return pipeline.build_model()
