@@ -46,57 +46,33 @@ from streamlearn.train.evidence import EvidenceSampler
 from streamlearn.train.feedback import fake_negative_weights
 
 FRAUD = load_pipeline("fraud")
-KINDS = ("fake negatives", "matured", "held reports")
-NEGATIVES = 4096  # the held-reports evidence: its newest matured negatives
+KINDS = ("fake negatives", "matured")
 WINDOWS = 8  # windows a checkpoint interval (the trainer: ~8k-event windows, a checkpoint every 2 s)
 
 
 class Learner:
-    """Delayed feedback's learning on one interval's rows, keeping the evidence of each kind. With
-    `hold` (events), a report is learned only once that many events were learned after it came:
-    meanwhile no version has learned it, and every report waiting is evidence for every candidate."""
+    """Delayed feedback's learning on one interval's rows, keeping both kinds of evidence."""
 
-    def __init__(self, seed: int, shuffled: bool = False, hold: int = 0):
+    def __init__(self, seed: int, shuffled: bool = False):
         torch.manual_seed(seed)
         self.model = FRAUD.build_model()
         self.optimizer = FRAUD.make_optimizer(self.model.parameters())
         self.evidence = {kind: EvidenceSampler(EVIDENCE) for kind in KINDS}
         self.rng = np.random.default_rng(seed)
         self.shuffled = shuffled
-        self.hold, self.learned = hold, 0
-        self.waiting: list[tuple[int, np.ndarray]] = []  # (learned count it is due at, its features)
-        self.negatives: list[np.ndarray] = []  # the newest matured negatives' batches
 
     def learn(self, arrivals: np.ndarray, reports: np.ndarray, matured: np.ndarray) -> None:
         """One checkpoint interval, in WINDOWS windows as the trainer reads it: before each window is
         learned, its reports and its share of the matured events are scored together by the model as
         it stands (one model for both classes); then its rows are learned in one shuffled order,
-        arrivals as legitimate, reports as frauds (those due, with a hold), each row scored just
-        before its step."""
+        arrivals as legitimate, reports as frauds, each row scored just before its step."""
         parts = [np.array_split(a, WINDOWS) for a in (arrivals, reports, matured)]
         for new, reported, negatives in zip(*parts, strict=True):
             final = np.concatenate([reported, negatives])
             if len(final):
                 y_final = np.r_[np.ones(len(reported), np.float32), np.zeros(len(negatives), np.float32)]
                 self.evidence["matured"].add(scored_by(self.state(), final), y_final, lambda final=final: final)
-            self.waiting += [(self.learned + self.hold, row) for row in reported]
-            due = [row for at, row in self.waiting if at <= self.learned]
-            self.waiting = [(at, row) for at, row in self.waiting if at > self.learned]
-            self.negatives.append(negatives)
-            self._steps(new, np.stack(due) if due else reported[:0])
-            self.learned += len(new)
-        self.negatives = [np.concatenate(self.negatives)[-NEGATIVES:]]
-
-    def held_evidence(self, state: dict[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
-        """The reports waiting (no version learned them) and the newest matured negatives, all
-        scored by the model in `state` (the candidate's own): what each checkpoint carries."""
-        negatives = self.negatives[0]
-        if not self.waiting and not len(negatives):
-            return None
-        features = np.concatenate([np.stack([row for _, row in self.waiting]) if self.waiting else negatives[:0],
-                                   negatives])
-        targets = np.r_[np.ones(len(self.waiting), np.float32), np.zeros(len(negatives), np.float32)]
-        return {"features": features, "scores": scored_by(state, features), "targets": targets}
+            self._steps(new, reported)
 
     def _steps(self, arrivals: np.ndarray, reports: np.ndarray) -> None:
         x = np.concatenate([arrivals, reports])
@@ -157,11 +133,9 @@ class Stream:
         return np.stack(rows[:self.sample]) if rows else np.empty((0, FRAUD.features([]).shape[1]), np.float32)
 
 
-def run(seed: int, candidates: int, events: int, median_delay: int, ttl: int, hold: int) -> dict:
+def run(seed: int, candidates: int, events: int, median_delay: int, ttl: int) -> dict:
     stream = Stream(seed, median_delay, ttl, events)
     good, shuffled = Learner(seed), Learner(seed + 1, shuffled=True)
-    # The held-reports kind's own lineages: learning each report `hold` events late is theirs alone.
-    good_held, shuffled_held = Learner(seed, hold=hold), Learner(seed + 1, shuffled=True, hold=hold)
     rng = np.random.default_rng(seed)
     held_out_events = BankingSimulator(seed + 100, drift_at=None).events(20_000)
     held_out = FRAUD.features(held_out_events), FRAUD.targets(held_out_events)
@@ -178,7 +152,7 @@ def run(seed: int, candidates: int, events: int, median_delay: int, ttl: int, ho
             for name, store in stores.items():
                 meta = {"version": version, "offsets": {"0": version}, "counters": {}, "pipeline": FRAUD.describe(),
                         "metrics": {"online": {"auc": 0.9}}, "written_at": time.time()}
-                checkpoint.publish(dirs[name], version, _of(state, name), None, meta, evidence=evidence[name])
+                checkpoint.publish(dirs[name], version, state, None, meta, evidence=evidence[name])
                 store.poll_once()
                 decision = store.ledger.read(version)
                 judged = (decision.evidence or {}).get("hold") is not None
@@ -188,33 +162,23 @@ def run(seed: int, candidates: int, events: int, median_delay: int, ttl: int, ho
 
         for interval in range(1, candidates + 1):
             arrivals, reports, matured = stream.interval(events)
-            before = {"": good.state(), "held reports": good_held.state()}
-            for learner in (good, shuffled, good_held, shuffled_held):
+            before = good.state()
+            for learner in (good, shuffled):
                 learner.learn(arrivals, reports, matured)
-            states = {"": good.state(), "held reports": good_held.state()}
             evidence = {kind: good.evidence[kind].take() for kind in KINDS}
-            evidence["held reports"] = good_held.held_evidence(states["held reports"])
             bad = {kind: shuffled.evidence[kind].take() for kind in KINDS}
-            bad["held reports"] = shuffled_held.held_evidence(shuffled_held.state())
             if interval % WORSE_EVERY == 0 and interval > 1:
                 if (interval // WORSE_EVERY) % 2:
-                    submit({"": shuffled.state(), "held reports": shuffled_held.state()}, bad, "shuffled")
+                    submit(shuffled.state(), bad, "shuffled")
                 else:
-                    broken = {k: noisy(state, rng, held_out)[0] for k, state in before.items()}
-                    submit(broken, {k: e and {**e, "scores": scored_by(_of(broken, k), e["features"])}
+                    broken, _gap = noisy(before, rng, held_out)
+                    submit(broken, {k: e and {**e, "scores": scored_by(broken, e["features"])}
                                     for k, e in evidence.items()}, "noisy")
-            submit(states, evidence, "good")
+            submit(good.state(), evidence, "good")
         for store in stores.values():
             store.stop()
     auc = roc_auc(scored_by(good.state(), held_out[0]), held_out[1])
-    auc_held = roc_auc(scored_by(good_held.state(), held_out[0]), held_out[1])
-    return {"held_out_auc": round(float(auc), 4), "held_out_auc_with_hold": round(float(auc_held), 4),
-            **{kind: summarise(rows, kind) for kind in KINDS}}
-
-
-def _of(states: dict, kind: str) -> dict:
-    """A candidate's weights for a kind's store: the held-reports kind's lineage is its own."""
-    return states["held reports" if kind == "held reports" else ""]
+    return {"held_out_auc": round(float(auc), 4), **{kind: summarise(rows, kind) for kind in KINDS}}
 
 
 def summarise(rows: list[dict], kind: str) -> dict:
@@ -235,13 +199,11 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=4000, help="events between checkpoints")
     parser.add_argument("--median-delay", type=int, default=8000, help="a report's median delay, in events")
     parser.add_argument("--ttl", type=int, default=40_000, help="the attribution window, in events")
-    parser.add_argument("--hold", type=int, default=32_000,
-                        help="held reports: events learned after a report before it is learned itself")
     args = parser.parse_args()
     started = time.time()
     runs = []
     for i in range(args.runs):
-        runs.append(run(11 + i, args.candidates, args.events, args.median_delay, args.ttl, args.hold))
+        runs.append(run(11 + i, args.candidates, args.events, args.median_delay, args.ttl))
         print(f"run {i + 1}: {runs[-1]}", flush=True)
     figures = {kind: {f"{group}_{key}": median([r[kind][group][key] for r in runs])
                       for group in ("good", "worse") for key in ("held_share", "judged_share")} for kind in KINDS}
