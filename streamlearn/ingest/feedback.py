@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
+from collections import deque
 from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -128,6 +129,27 @@ class Held(NamedTuple):
         return self.raw
 
 
+class Waiting(NamedTuple):
+    """A report applied (its event found and checked) and held back from learning for the spec's
+    `hold_events`: meanwhile it is evidence no version has learned, for the quality gate."""
+
+    due: int  # learned in the window whose end on the partition reaches this offset
+    event: int  # the offset of the event it names
+    x: np.ndarray  # the event's features
+    crc: int
+    y: float  # the report's answer
+
+
+class Pool(NamedTuple):
+    """The reports a rank holds back from learning, as arrays (rows in partition order): what the
+    checkpoint's gate evidence takes its positives from (train/learner.py)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    partition: np.ndarray
+    offset: np.ndarray  # of each report's event
+
+
 class ReportFeedback:
     """One rank's (or Ray Data lane's) delayed feedback: its partitions' reported offsets, the
     reports held until their event is learned, and the rows of the events it learned (`rows`;
@@ -149,13 +171,15 @@ class ReportFeedback:
         # at the events' pace (windows.py), which puts a report a median delay ahead of its event.
         self.learned_to: dict[int, int] = {}
         self.held: dict[int, list[Held]] = {}
+        self.waiting: dict[int, deque[Waiting]] = {}  # event partition -> reports applied, not yet learned
         self._marks: dict[int, tuple[int, int, float]] = {}  # partition -> (oldest, end, when asked)
         self._nothing: Decoded | None = None  # no event decoded: its empty arrays, once
 
     @property
     def pending(self) -> dict[str, int]:
-        """What waits, for the meta: reports held for their events (no event ever waits)."""
-        return {"events": 0, "labels": sum(map(len, self.held.values()))}
+        """What waits, for the meta: reports held for their events or held back from learning (no
+        event ever waits)."""
+        return {"events": 0, "labels": sum(map(len, self.held.values())) + sum(map(len, self.waiting.values()))}
 
     def batch(self, pipeline: Pipeline, window: Window, events: Decoded, label_messages: list) -> Batch:
         """The window's events with the silent answer, and the events its reports (and the held
@@ -188,13 +212,19 @@ class ReportFeedback:
                 heapq.heappush(self.held.setdefault(p, []), Held(o, m.partition(), m.offset(), values[i]))
             else:
                 named.setdefault(p, []).append((row, o))
-        x, y, crcs = [events.x], [np.full(len(events.y), spec.unlabelled_as, np.float32)], [events.crcs]
         for p, reports in sorted(named.items()):
             features, fingerprints, dead = self._apply(pipeline, p, reports, found[spec.key])
-            x.append(features)
-            crcs.append(fingerprints)
-            y.append(targets[[row for row, _ in reports if row not in dead]])
+            applied = [(row, o) for row, o in reports if row not in dead]
+            due = self.learned_to.get(p, 0) + spec.hold_events
+            self.waiting.setdefault(p, deque()).extend(
+                Waiting(due, o, features[i], crc, float(targets[row]))
+                for i, ((row, o), crc) in enumerate(zip(applied, fingerprints.tolist(), strict=True)))
             refused += [(kept[row], reason) for row, reason in dead.items()]
+        x, y, crcs = [events.x], [np.full(len(events.y), spec.unlabelled_as, np.float32)], [events.crcs]
+        for rows in self._release(window.stop):
+            x.append(np.stack([r.x for r in rows]))
+            y.append(np.array([r.y for r in rows], np.float32))
+            crcs.append(np.array([r.crc for r in rows], np.uint32))
         bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), values[i]), reason)
                       for i, reason in sorted(refused)]
         matured = None
@@ -207,7 +237,30 @@ class ReportFeedback:
         return Batch(window, *joined, events.dead,
                      bad_labels=bad_labels, defaulted=len(events.y), ignored=ignored,
                      join_delta=self.delta() if window.checkpoint else None, matured=matured,
-                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing and self.judged else None)
+                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing and self.judged else None,
+                     pool=self.pool() if window.checkpoint and self.judged else None)
+
+    def _release(self, everything: bool) -> list[list[Waiting]]:
+        """Each partition's reports whose hold is over (`everything`: the group's last window, which
+        learns them all), in partition order, each partition's in the order they came."""
+        out = []
+        for p in sorted(self.waiting):
+            waiting, end, rows = self.waiting[p], self.learned_to.get(p, 0), []
+            while waiting and (everything or waiting[0].due <= end):
+                rows.append(waiting.popleft())
+            if rows:
+                out.append(rows)
+            if not waiting:
+                del self.waiting[p]
+        return out
+
+    def pool(self) -> Pool | None:
+        """The reports held back from learning now, as arrays; None if there are none."""
+        rows = [(p, r) for p in sorted(self.waiting) for r in self.waiting[p]]
+        if not rows:
+            return None
+        return Pool(np.stack([r.x for _, r in rows]), np.array([r.y for _, r in rows], np.float32),
+                    np.array([p for p, _ in rows], np.int64), np.array([r.event for _, r in rows], np.int64))
 
     def _ahead(self, p: int, o: int) -> bool:
         """Does this report name an event in the topic that this rank has not learned yet? (Not
@@ -315,6 +368,10 @@ class ReportFeedback:
         learned events end, and the reports held for their events (their bytes and places)."""
         out = {f"p{p}/reported": np.sort(np.fromiter(done, np.int64, len(done))) for p, done in self.reported.items()}
         out |= {f"p{p}/learned_to": np.array([end], np.int64) for p, end in self.learned_to.items()}
+        for p, waiting in self.waiting.items():
+            out[f"p{p}/waiting.x"] = np.stack([r.x for r in waiting])
+            out[f"p{p}/waiting.place"] = np.array([(r.due, r.event, r.crc) for r in waiting], np.int64).reshape(-1, 3)
+            out[f"p{p}/waiting.y"] = np.array([r.y for r in waiting], np.float32)
         for p, held in self.held.items():
             out[f"p{p}/held.place"] = np.array([(h.at, h.report, h.event) for h in held], np.int64).reshape(-1, 3)
             out[f"p{p}/held.length"] = np.array([len(h.raw) for h in held], np.int64)
@@ -336,6 +393,9 @@ class ReportFeedback:
                 self.held[p] = [Held(event, at, report, raw[end - n:end]) for (at, report, event), n, end
                                 in zip(named["held.place"].tolist(), named["held.length"].tolist(), ends, strict=True)]
                 heapq.heapify(self.held[p])
+            if "waiting.place" in named:
+                self.waiting[p] = deque(Waiting(due, event, x, crc, y) for (due, event, crc), x, y in zip(
+                    named["waiting.place"].tolist(), named["waiting.x"], named["waiting.y"].tolist(), strict=True))
             if self.maturing is not None:
                 self.maturing.restore(p, named)
 

@@ -52,7 +52,7 @@ from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.decode import Batch, decode_events
-from streamlearn.ingest.feedback import make_join
+from streamlearn.ingest.feedback import Pool, make_join
 from streamlearn.ingest.reader import RangeReader
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
@@ -282,6 +282,14 @@ def pack(rows: list[dict]) -> pa.Table:
                      "pack": pa.array([pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)], pa.large_binary())})
 
 
+def read_pool(row: dict) -> Pool | None:
+    """A slice's reports held back from learning (a checkpoint window of delayed feedback), or None."""
+    if not row.get("pool"):
+        return None
+    with np.load(io.BytesIO(row["pool"]), allow_pickle=False) as npz:
+        return Pool(**{name: npz[name] for name in Pool._fields})
+
+
 def unpack(table: pa.Table) -> list[dict]:
     """Every slice the table's packs carry, in the order they were packed."""
     return [row for blob in table.column("pack").to_pylist() for row in pickle.loads(blob)]
@@ -293,18 +301,22 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     dead-lettered, the events expired or learned unlabelled and, at a checkpoint window, the
     lane's join state (an .npz; empty bytes between checkpoints)."""
     x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
-    join = b""
+    join = pool = b""
     if batch.join_delta is not None:
         buffer = io.BytesIO()
         np.savez(buffer, **batch.join_delta)
         join = buffer.getvalue()
+    if batch.pool is not None:  # delayed feedback's reports held back from learning (the gate's evidence)
+        buffer = io.BytesIO()
+        np.savez(buffer, **batch.pool._asdict())
+        pool = buffer.getvalue()
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
            "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
            "expired": batch.expired, "defaulted": batch.defaulted, "ignored": batch.ignored, "join": join,
            # delayed feedback's matured negatives (maturing.py), same dtype and width as x
            "matured": b"" if batch.matured is None else np.ascontiguousarray(batch.matured, x.dtype).tobytes(),
-           "matured_age_s": batch.matured_age_s}
+           "matured_age_s": batch.matured_age_s, "pool": pool}
     for prefix, dead in (("bad", batch.bad), ("bad_label", batch.bad_labels)):
         row.update({f"{prefix}_partition": [m.partition for m, _ in dead],
                     f"{prefix}_offset": [m.offset for m, _ in dead],

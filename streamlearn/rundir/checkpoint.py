@@ -6,7 +6,9 @@ Layout of one checkpoint directory:
     join.npz     with joined labels only: the join state's clocks and which rows wait, and
     join-*.npz   the waiting rows, in segments written once and hard-linked on (join_files.py)
     evidence.npz rank 0's newest events since the checkpoint before, with the training model's
-                 scores before it learned them: what the scorer's gate judges it on (evidence.py)
+                 scores before it learned them: what the scorer's gate judges it on (evidence.py);
+                 with delayed feedback, the reports held back from learning and matured negatives,
+                 scored by the checkpoint's model, each report's event by partition and offset
     SHA256SUMS   sha256 of the files above; written last, so its presence means complete
 """
 
@@ -180,8 +182,9 @@ def load_evidence(directory: str | Path) -> dict[str, np.ndarray] | None:
         return None
     verify(directory, only=(EVIDENCE,))
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {name: npz[name] for name in ("features", "scores", "targets")}
+        with np.load(path, allow_pickle=False) as npz:  # delayed feedback's names its reports' events too
+            where = tuple(name for name in ("partition", "offset") if name in npz.files)
+            return {name: npz[name] for name in ("features", "scores", "targets", *where)}
     except (OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{directory}: {EVIDENCE} does not load ({e})") from None
 

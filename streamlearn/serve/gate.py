@@ -65,7 +65,13 @@ def gather_evidence(paths: Mapping[int, Path], candidate: int, served: int, refu
     to the served one, newest first: none of those events was learned by the served version. A
     `refused` version's evidence is left out: its scores are those of a lineage the gate did not
     trust, and would count against a candidate that has recovered. None if the checkpoints carry
-    none. Raises CheckpointError for a corrupt file of the candidate's."""
+    none. Raises CheckpointError for a corrupt file of the candidate's.
+
+    Delayed feedback's evidence (`pooled`: it names each report's event) is the candidate's alone:
+    reports held back from learning, the same in every version that holds them, scored by the
+    candidate itself. A report whose event came after the served version's checkpoint is left
+    out: the candidate learned that event as legitimate and the served model did not know it,
+    which would count against the candidate (load/bench/gate_feedback.py)."""
     parts = []
     for version in sorted((v for v in paths if served < v <= candidate and v not in refused), reverse=True):
         try:
@@ -76,12 +82,31 @@ def gather_evidence(paths: Mapping[int, Path], candidate: int, served: int, refu
             continue  # an older one's: passed over, the candidate's own decides
         if found is None:
             continue
+        if pooled(found):
+            return _known_to(found, paths.get(served)) if version == candidate else None
         parts.append(found)
         if enough(found["targets"] if len(parts) == 1 else np.concatenate([p["targets"] for p in parts])):
             break
     if not parts:
         return None
     return {name: np.concatenate([p[name] for p in parts]) for name in ("features", "scores", "targets")}
+
+
+def pooled(evidence: Mapping[str, np.ndarray]) -> bool:
+    return "offset" in evidence
+
+
+def _known_to(evidence: dict[str, np.ndarray], served: Path | None) -> dict[str, np.ndarray]:
+    """The rows whose event the served version had learned: those it holds no place for (-1), or
+    whose offset is below where the served checkpoint's learning stood on that partition."""
+    try:
+        ends = {int(p): int(o) for p, o in checkpoint.read_meta(served)["offsets"].items()} if served else {}
+    except (CheckpointError, KeyError, ValueError, OSError):
+        ends = {}
+    partition, offset = evidence["partition"], evidence["offset"]
+    end = np.array([ends.get(int(p), 0) for p in partition.tolist()], np.int64)
+    keep = (partition < 0) | (offset < end)
+    return {name: evidence[name][keep] for name in ("features", "scores", "targets")}
 
 
 def weights_problem(state: Mapping[str, Any], max_abs: float) -> str | None:

@@ -56,6 +56,7 @@ class Coordinator:
     world: int = 1
     controller: Any = None  # this run's ScaleController handle (None: fixed size, e.g. in tests)
     label_reader: RangeReader | None = None  # joined labels: where the labels topic's watermarks come from
+    checkpoint_at_stop: bool = False  # the last window checkpoints even if it planned nothing (loop._holds_reports)
     clock: Callable[[], float] = time.monotonic
     last_checkpoint_t: float = field(default_factory=time.monotonic)
     idle_s: float = 0.0  # how long the broker has answered "nothing new", at the loop's own pace
@@ -83,7 +84,7 @@ class Coordinator:
         self.planned_since_checkpoint += window.messages
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s
                or self.planned_since_checkpoint * self.expected_steps_per_event >= self.cfg.checkpoint_every_steps)
-        if self.planned_since_checkpoint and (due or window.stop):
+        if (self.planned_since_checkpoint and (due or window.stop)) or (window.stop and self.checkpoint_at_stop):
             window = replace(window, checkpoint=True)
             self.planned_since_checkpoint = 0
             self.last_checkpoint_t = now

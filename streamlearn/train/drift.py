@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -188,6 +189,10 @@ class Watch(SlidingWindow):
         self.matured = SlidingWindow(size) if silent is not None else None
         self.matured_age_s: float | None = None
         self._alarms: list[Alarm] = []
+        # Delayed feedback: the newest matured negatives (the gate's, beside the reports held back
+        # from learning: train/learner.py, `judge_pool`), and the evidence judged at the checkpoint.
+        self._negatives: deque[np.ndarray] = deque()
+        self._pooled: dict[str, np.ndarray] | None = None
 
     def observe(self, scores: np.ndarray, targets: np.ndarray, features: Callable[[], np.ndarray]) -> None:
         """`features` is called only where drift is watched or evidence kept: other ranks skip the copy."""
@@ -211,8 +216,10 @@ class Watch(SlidingWindow):
         if not len(scores):
             return
         self.matured.add(scores, targets)
-        if self.evidence is not None:
-            self.evidence.add(scores, targets, lambda: features)
+        if self.evidence is not None and len(negatives := features[targets == self.silent]):
+            self._negatives.append(negatives)
+            while sum(map(len, self._negatives)) - len(self._negatives[0]) >= self.evidence.size:
+                self._negatives.popleft()
         if self.drift is not None:
             self._raise(self.drift.judge(scores, targets, features))
 
@@ -222,7 +229,20 @@ class Watch(SlidingWindow):
             if self.on_alarm:
                 self.on_alarm(alarm)
 
+    def gate_negatives(self) -> np.ndarray | None:
+        """Delayed feedback: the newest matured negatives' features (at most the evidence's size)."""
+        if self.evidence is None or not self._negatives:
+            return None
+        return np.concatenate(self._negatives)[-self.evidence.size:]
+
+    def pooled(self, evidence: dict[str, np.ndarray]) -> None:
+        """Delayed feedback: the checkpoint's evidence, judged as the window ended (`judge_pool`)."""
+        self._pooled = evidence
+
     def take_evidence(self) -> dict[str, np.ndarray] | None:
+        if self.silent is not None:
+            evidence, self._pooled = self._pooled, None
+            return evidence
         return self.evidence.take() if self.evidence is not None else None
 
     def take_alarms(self) -> list[Alarm]:

@@ -87,19 +87,46 @@ class Learner:
         matured = batch.matured if batch.matured is not None else batch.features[:0]
         features = np.concatenate([batch.features[reported], matured])
         targets = np.r_[batch.targets[reported], np.full(len(matured), self.recent.silent, batch.targets.dtype)]
-        scores = np.empty(0, np.float32)
-        if len(features):
-            # The module itself, not DDP's wrapper, whose forward may sync buffers with ranks that
-            # are not scoring; in eval mode, as the scorer uses it, and back.
-            module = getattr(self.model, "module", self.model)
-            training = module.training
-            with torch.no_grad(), self.phases("matured", events=len(features)):
-                module.eval()
-                try:
-                    scores = self.pipeline.score(module(torch.from_numpy(features).to(self.device))).cpu().numpy()
-                finally:
-                    module.train(training)
+        with self.phases("matured", events=len(features)):
+            scores = self.score(features)
         self.recent.observe_matured(scores, targets, features, batch.matured_age_s)
+
+    def judge_pool(self, batch: Batch) -> None:
+        """Delayed feedback, rank 0, once a checkpoint window is learned: the gate's evidence. Its
+        frauds are the reports held back from learning (ingest/feedback.py, `hold_events`), which
+        no version has learned, so the candidate and the served model are judged alike on hundreds
+        of them; its legitimate events the newest that matured unreported. All scored by the model
+        as it is checkpointed: the candidate itself."""
+        pool, negatives = batch.pool, self.recent.gate_negatives()
+        parts = [(pool.x, pool.y, pool.partition, pool.offset)] if pool is not None else []
+        if negatives is not None:  # matured: learned by every version, long ago (-1: nowhere to check)
+            none = np.full(len(negatives), -1, np.int64)
+            parts.append((negatives, np.full(len(negatives), self.recent.silent, np.float32), none, none))
+        if not parts:
+            return
+        features, targets, partition, offset = (np.concatenate([part[i] for part in parts]) for i in range(4))
+        with self.phases("pool", events=len(features)):
+            scores = self.score(features)
+        # Where each report's event is (partition, offset): the gate leaves out those the served
+        # version never learned, even as legitimate (serve/gate.py).
+        self.recent.pooled({"features": features.astype(np.float32, copy=False),
+                            "scores": scores.astype(np.float32, copy=False),
+                            "targets": targets.astype(np.float32, copy=False), "partition": partition,
+                            "offset": offset})
+
+    def score(self, features: np.ndarray) -> np.ndarray:
+        """The model's scores of `features`, as the scorer gives them: the module itself, not DDP's
+        wrapper (whose forward may sync buffers with ranks that are not scoring), in eval mode."""
+        if not len(features):
+            return np.empty(0, np.float32)
+        module = getattr(self.model, "module", self.model)
+        training = module.training
+        with torch.no_grad():
+            module.eval()
+            try:
+                return self.pipeline.score(module(torch.from_numpy(features).to(self.device))).cpu().numpy()
+            finally:
+                module.train(training)
 
     def steps(self, window: Shuffled) -> tuple[float, int]:
         """Step s learns rows [ends[s-1], ends[s]) of the shuffled window."""

@@ -181,7 +181,7 @@ class Worker:
         bind(version=lineage.version)
         if rank == 0:
             self.coordinator = _coordinator(cfg, stream, lineage, self.world, inputs.controller,
-                                            inputs.consumed_at_start)
+                                            inputs.consumed_at_start, _holds_reports(self.pipeline))
             self.writer = CheckpointWriter(_run_dir(cfg), cfg.keep_checkpoints, stream.reader.commit,
                                            resumed_from=restored[4] if restored else None,
                                            whole_join=isinstance(self.pipeline.labels, DelayedFeedback))
@@ -217,6 +217,8 @@ class Worker:
         if self.learner.recent.silent is not None:  # delayed feedback, rank 0: before the window is learned
             self.learner.judge_matured(batch)
         steps, batch_loss, learned_fp = self.learner.learn(batch, sizes, cfg.batch_size, cfg.seed, rank)
+        if window.checkpoint and self.learner.recent.silent is not None and self.learner.recent.evidence is not None:
+            self.learner.judge_pool(batch)  # the checkpoint's evidence, scored by the candidate itself
         # What a window costs beyond reading and learning it: its plan and the collective carrying it.
         self.accrued.overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
         self.stream.dead_letter(batch)
@@ -369,8 +371,10 @@ def _join_meta(pipeline: Pipeline, meta: dict, metrics: dict, lineage: Lineage, 
     meta["join"] = {"ttl_s": pipeline.labels.ttl_s, "max_pending": pipeline.labels.max_pending,
                     "pending": {side: sum(int(a[3]) for name, a in join.items() if name.endswith(f"/{side}.range"))
                                 for side in ("events", "labels")}}
-    # Delayed feedback's reports held until their events are learned (ingest/feedback.py) wait too.
-    meta["join"]["pending"]["labels"] += sum(len(a) for name, a in join.items() if name.endswith("/held.length"))
+    # Delayed feedback's reports held until their events are learned, or held back from learning
+    # for the gate's evidence (ingest/feedback.py), wait too.
+    meta["join"]["pending"]["labels"] += sum(len(a) for name, a in join.items()
+                                             if name.endswith(("/held.length", "/waiting.y")))
     metrics["join"] = {**meta["join"]["pending"], "expired": lineage.totals.expired}
     if pipeline.labels.unlabelled_as is not None:  # learned with it: counted apart, never silent
         metrics["join"]["unlabelled"] = lineage.totals.defaulted
@@ -498,8 +502,14 @@ def _lineage(cfg: TrainConfig, stream: Stream, restored) -> Lineage:
     return lineage
 
 
+def _holds_reports(pipeline: Pipeline) -> bool:
+    """Delayed feedback that holds reports back from learning (ingest/feedback.py): a group's last
+    window learns them all, so it is a checkpoint even if it planned nothing new."""
+    return isinstance(pipeline.labels, DelayedFeedback) and pipeline.labels.hold_events > 0
+
+
 def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int, controller,
-                 consumed_at_start: int) -> Coordinator:
+                 consumed_at_start: int, checkpoint_at_stop: bool = False) -> Coordinator:
     # --max-events bounds the whole run, not each group: take off what earlier groups consumed.
     consumed = lineage.consumed() - consumed_at_start
     budget = None if cfg.max_events is None else max(0, cfg.max_events - consumed)
@@ -507,7 +517,8 @@ def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int,
     planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget, world=stream.read_lanes,
                             label_positions=labels)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
-                       world=world, controller=controller, label_reader=getattr(stream, "label_reader", None))
+                       world=world, controller=controller, label_reader=getattr(stream, "label_reader", None),
+                       checkpoint_at_stop=checkpoint_at_stop)
 
 
 def _sum_counters(delta: Counters, loss_sum: float) -> tuple[Counters, float]:

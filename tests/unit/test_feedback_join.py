@@ -7,6 +7,7 @@ through a worker kill: tests/integration/test_delayed_feedback.py."""
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,6 +25,8 @@ from streamlearn.schema import reason_code
 from .test_joined_stream import Msg
 
 PIPELINE = load_pipeline("fraud_chargebacks")
+# Reports learned in the window they come (the hold has tests of its own, below).
+SPEC = replace(PIPELINE.labels, hold_events=0)
 
 
 class Topic:
@@ -67,7 +70,7 @@ def _batch(feedback: ReportFeedback, messages: list[Msg], reports: list[Msg], ch
 
 def test_every_event_is_learned_at_once_as_legitimate_and_a_reported_one_again_as_a_fraud():
     placed, topic = _events(4, 200)
-    feedback = ReportFeedback(PIPELINE.labels, Topic(topic))
+    feedback = ReportFeedback(SPEC, Topic(topic))
     messages = [m for p in sorted(topic) for m in topic[p]]
     frauds = [(e, v, p, o) for e, v, p, o in placed if e["is_fraud"]] or placed[:3]
     reports = [_report(e, p, o, n) for n, (e, _, p, o) in enumerate(frauds)]
@@ -91,8 +94,8 @@ def test_a_report_finds_its_event_in_the_row_store_and_learns_what_a_re_read_giv
     frauds = [(e, v, p, o) for e, v, p, o in placed if e["is_fraud"]] or placed[:3]
     reports = [_report(e, p, o, n) for n, (e, _, p, o) in enumerate(frauds)]
     plain, stored_topic = Topic(topic), Topic(topic)
-    re_read = ReportFeedback(PIPELINE.labels, plain)
-    stored = ReportFeedback(PIPELINE.labels, stored_topic, _stores(tmp_path))
+    re_read = ReportFeedback(SPEC, plain)
+    stored = ReportFeedback(SPEC, stored_topic, _stores(tmp_path))
     for feedback in (re_read, stored):  # the events' window, then (later) their reports'
         _batch(feedback, messages, [])
     a, b = _batch(re_read, [], reports), _batch(stored, [], reports)
@@ -111,7 +114,7 @@ def test_a_report_whose_row_is_gone_re_reads_its_event(tmp_path):
     messages = [m for p in sorted(topic) for m in topic[p]]
     e, _, p, o = placed[9]
     store = _stores(tmp_path)
-    feedback = ReportFeedback(PIPELINE.labels, (lookup := Topic(topic)), store)
+    feedback = ReportFeedback(SPEC, (lookup := Topic(topic)), store)
     _batch(feedback, messages, [])
     for f in store.dir.iterdir():  # lost (another node's disk, a wiped directory)
         f.unlink()
@@ -125,7 +128,7 @@ def test_reports_that_cannot_be_applied_are_dead_lettered_with_their_reason_and_
         stored, tmp_path):
     placed, topic = _events(5, 40)
     topic[1].append(Msg(1, len(topic[1]), b"{not json", 0))  # a malformed event, dead-lettered when read
-    feedback = ReportFeedback(PIPELINE.labels, Topic(topic, low={0: 4}), _stores(tmp_path) if stored else None)
+    feedback = ReportFeedback(SPEC, Topic(topic, low={0: 4}), _stores(tmp_path) if stored else None)
     if stored:  # every event's window first: the store holds each valid one
         assert _batch(feedback, [m for q in sorted(topic) for m in topic[q]], []).dead_lettered == 1
     (e0, _, _, o0), (e1, _, _, o1) = [x for x in placed if x[2] == 0][5:7]
@@ -152,10 +155,10 @@ def test_reports_that_cannot_be_applied_are_dead_lettered_with_their_reason_and_
 def test_a_report_applied_before_a_checkpoint_stays_applied_after_a_restore():
     placed, topic = _events(6, 20)
     e, _, p, o = placed[7]
-    feedback = ReportFeedback(PIPELINE.labels, Topic(topic))
+    feedback = ReportFeedback(SPEC, Topic(topic))
     first = _batch(feedback, [], [_report(e, p, o, 0)], checkpoint=True)
     assert first.size == 1 and first.join_delta == {f"p{p}/reported": np.array([o])}
-    resumed = ReportFeedback(PIPELINE.labels, Topic(topic))
+    resumed = ReportFeedback(SPEC, Topic(topic))
     resumed.restore(first.join_delta, lambda q: q == p)
     again = _batch(resumed, [], [_report(e, p, o, 1)])
     assert again.size == 0 and [reason_code(r) for _, r in again.bad_labels] == ["duplicate_report"]
@@ -204,6 +207,8 @@ def test_delayed_feedback_refuses_a_contract_it_cannot_keep():
         DelayedFeedback(REPORT)
     with pytest.raises(ConfigError, match="correction"):
         DelayedFeedback(REPORT, unlabelled_as=0.0, correction="fnc")
+    with pytest.raises(ConfigError, match="hold_events"):
+        DelayedFeedback(REPORT, unlabelled_as=0.0, hold_events=-1)
 
 
 def _window(seq: int, ranges: dict, checkpoint: bool = False) -> Window:
@@ -216,7 +221,7 @@ def test_a_report_read_before_its_event_waits_for_the_window_that_learns_it(tmp_
     placed, topic = _events(7, 80)
     e, value, p, o = next(x for x in placed if x[3] >= 20)
     lookup = Topic(topic)
-    feedback = ReportFeedback(PIPELINE.labels, lookup, _stores(tmp_path))
+    feedback = ReportFeedback(SPEC, lookup, _stores(tmp_path))
     first = {q: (0, 10) for q in topic}
     batch = feedback.batch(PIPELINE, _window(0, first, checkpoint=True),
                            decode_events(PIPELINE, [m for q in sorted(topic) for m in topic[q][:10]]),
@@ -225,7 +230,7 @@ def test_a_report_read_before_its_event_waits_for_the_window_that_learns_it(tmp_
     assert feedback.pending == {"events": 0, "labels": 1} and batch.join_delta[f"p{p}/held.length"].size == 1
 
     # Through a checkpoint: a resumed rank holds it still, and applies it with its event's window.
-    resumed = ReportFeedback(PIPELINE.labels, lookup, _stores(tmp_path))
+    resumed = ReportFeedback(SPEC, lookup, _stores(tmp_path))
     resumed.restore(batch.join_delta, lambda q: True)
     assert resumed.pending == {"events": 0, "labels": 1}
     rest = {q: (10, len(topic[q])) for q in topic}
@@ -241,7 +246,7 @@ def test_a_store_that_cannot_be_written_is_given_up_and_every_report_re_reads(tm
     placed, topic = _events(8, 40)
     (tmp_path / "rows").write_text("a file where the store's directory should be")  # writes fail
     lookup = Topic(topic)
-    feedback = ReportFeedback(PIPELINE.labels, lookup, RowStore(tmp_path / "rows", feature_width(PIPELINE)))
+    feedback = ReportFeedback(SPEC, lookup, RowStore(tmp_path / "rows", feature_width(PIPELINE)))
     e, value, p, o = placed[5]
     first = _batch(feedback, [m for q in sorted(topic) for m in topic[q]], [_report(e, p, o, 0)])
     assert first.size == 41 and feedback.rows is None and lookup.reads == 1
@@ -257,8 +262,56 @@ def test_a_write_that_fails_in_the_stores_thread_gives_the_store_up_at_the_next_
     placed, topic = _events(4, 60)
     e, value, p, o = placed[9]
     monkeypatch.setattr(rowstore.os, "pwrite", full)
-    feedback = ReportFeedback(PIPELINE.labels, (lookup := Topic(topic)), _stores(tmp_path))
+    feedback = ReportFeedback(SPEC, (lookup := Topic(topic)), _stores(tmp_path))
     first = _batch(feedback, [m for q in sorted(topic) for m in topic[q]], [])  # its rows' write fails, unseen
     batch = _batch(feedback, [], [_report(e, p, o, 0)])  # this window sees it: the event is re-read
     assert first.size == 60 and batch.size == 1 and feedback.rows is None and lookup.reads == 1
     assert batch.crcs.tolist() == [zlib.crc32(value)] and not batch.bad_labels
+
+
+def test_an_applied_report_is_held_back_from_learning_and_is_the_gates_evidence_meanwhile(tmp_path):
+    """With `hold_events`, a report applied waits until its partition has learned that many more
+    events: meanwhile no version has learned it, and each checkpoint window carries it (the pool)
+    for the gate. Learned once, with its event's features, through a checkpoint and a restore."""
+    spec = replace(PIPELINE.labels, hold_events=20)
+    placed, topic = _events(8, 120)
+    e, value, p, o = next(x for x in placed if x[3] == 5)
+    lookup = Topic(topic)
+    feedback = ReportFeedback(spec, lookup, _stores(tmp_path))
+
+    def window(seq: int, lo: int, hi: int, checkpoint: bool = False, stop: bool = False):
+        return Window(seq, {q: (lo, hi) for q in topic}, checkpoint=checkpoint, stop=stop)
+
+    def events(lo: int, hi: int):
+        return decode_events(PIPELINE, [m for q in sorted(topic) for m in topic[q][lo:hi]])
+
+    first = feedback.batch(PIPELINE, window(0, 0, 10, checkpoint=True), events(0, 10), [_report(e, p, o, 0)])
+    assert first.size == 20 and first.targets.max() == 0.0  # applied, not learned: due at offset 30
+    assert feedback.pending == {"events": 0, "labels": 1}
+    assert first.pool.partition.tolist() == [p] and first.pool.offset.tolist() == [o]
+    assert first.pool.y.tolist() == [1.0] and np.array_equal(first.pool.x[0], first.features[[
+        i for i, c in enumerate(first.crcs.tolist()) if c == zlib.crc32(value)][0]])
+    again = _batch(feedback, [], [_report(e, p, o, 1)])  # reported twice while it waits: still once
+    assert [reason_code(r) for _, r in again.bad_labels] == ["duplicate_report"]
+
+    resumed = ReportFeedback(spec, lookup, _stores(tmp_path))  # a restart at the checkpoint
+    resumed.restore(first.join_delta, lambda q: True)
+    assert resumed.pending["labels"] == 1
+    waiting = resumed.batch(PIPELINE, window(1, 10, 29), events(10, 29), [])
+    assert waiting.size == 38 and waiting.targets.max() == 0.0 and waiting.pool is None  # no checkpoint here
+    due = resumed.batch(PIPELINE, window(2, 29, 30, checkpoint=True), events(29, 30), [])
+    assert due.size == 3 and due.targets.tolist() == [0.0, 0.0, 1.0] and due.crcs.tolist()[-1] == zlib.crc32(value)
+    assert due.pool is None and resumed.pending["labels"] == 0 and lookup.reads == 0
+
+
+def test_the_groups_last_window_learns_every_report_still_held_back(tmp_path):
+    spec = replace(PIPELINE.labels, hold_events=10**6)
+    placed, topic = _events(8, 40)
+    frauds = [(e, p, o) for e, _, p, o in placed[:6]]
+    feedback = ReportFeedback(spec, Topic(topic), _stores(tmp_path))
+    feedback.batch(PIPELINE, Window(0, {q: (0, 20) for q in topic}), decode_events(
+        PIPELINE, [m for q in sorted(topic) for m in topic[q]]), [_report(e, p, o, n) for n, (e, p, o) in
+                                                                  enumerate(frauds)])
+    assert feedback.pending["labels"] == 6
+    last = feedback.batch(PIPELINE, Window(1, {}, stop=True), decode_events(PIPELINE, []), [])
+    assert last.size == 6 and last.targets.tolist() == [1.0] * 6 and feedback.pending["labels"] == 0

@@ -193,9 +193,8 @@ def test_with_delayed_feedback_the_labelled_signals_see_reports_and_matured_nega
     matured = np.r_[x[[2, 6]], np.full((3, 2), 7.0, np.float32)]  # the reports and three matured negatives
     watch.observe_matured(np.array([0.9, 0.8, 0.1, 0.2, 0.3]), np.array([1, 1, 0, 0, 0], np.float32), matured,
                           age_s=TTL_S)
-    evidence = watch.take_evidence()
-    assert evidence["targets"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
-    assert evidence["features"].tolist() == matured.tolist()
+    assert watch.take_evidence() is None  # the gate's evidence is judged at the checkpoint (judge_pool) ...
+    assert watch.gate_negatives().tolist() == matured[2:].tolist()  # ... its negatives kept till then
     assert len(watch.matured.arrays()[0]) == 5 and watch.matured_age_s == TTL_S
 
 
@@ -220,8 +219,37 @@ def test_a_window_s_reports_and_matured_negatives_are_scored_by_one_model_before
     before = {k: v.clone() for k, v in model.state_dict().items()}
     learner.judge_matured(batch)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # scoring learns nothing
-    evidence = watch.take_evidence()
-    assert evidence["targets"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    scores, targets = watch.matured.arrays()
+    assert targets.tolist() == [1.0, 1.0, 0.0, 0.0]
     with torch.no_grad():
         want = PIPELINE.score(model(torch.from_numpy(np.r_[x[[1, 3]], x[4:]]))).numpy()
-    assert np.allclose(evidence["scores"], want) and evidence["features"].tolist() == np.r_[x[[1, 3]], x[4:]].tolist()
+    assert np.allclose(scores, want) and watch.gate_negatives().tolist() == x[4:].tolist()
+
+
+def test_a_checkpoints_evidence_is_the_reports_held_back_and_matured_negatives_scored_by_the_candidate():
+    """At a checkpoint window, once it is learned: the reports no version has learned yet (the pool,
+    with their events' places) and the newest matured negatives, scored by the model as checkpointed."""
+    import torch
+
+    from streamlearn.ingest.decode import Batch
+    from streamlearn.ingest.feedback import Pool
+    from streamlearn.phases import Phases
+    from streamlearn.train.learner import Learner
+
+    torch.manual_seed(0)
+    model = PIPELINE.build_model()
+    watch = Watch(1_000, evidence=EvidenceSampler(1_000), silent=0.0)
+    learner = Learner(model, PIPELINE.make_optimizer(model.parameters()), PIPELINE, torch.device("cpu"), watch,
+                      Phases(0))
+    x = np.random.default_rng(2).random((7, feature_width(PIPELINE))).astype(np.float32)
+    watch.observe_matured(np.zeros(3), np.array([1, 0, 0], np.float32), x[:3])  # a report, two negatives
+    pool = Pool(x[3:6], np.ones(3, np.float32), np.array([0, 0, 1]), np.array([10, 11, 7]))
+    learner.judge_pool(Batch(Window(0, {0: (0, 1)}, checkpoint=True), x[6:], np.zeros(1, np.float32),
+                             np.zeros(1, np.uint32), [], pool=pool))
+    evidence = watch.take_evidence()
+    assert evidence["targets"].tolist() == [1, 1, 1, 0, 0] and evidence["features"].tolist() == np.r_[
+        x[3:6], x[1:3]].tolist()
+    assert evidence["partition"].tolist() == [0, 0, 1, -1, -1] and evidence["offset"].tolist() == [10, 11, 7, -1, -1]
+    with torch.no_grad():
+        want = PIPELINE.score(model(torch.from_numpy(evidence["features"]))).numpy()
+    assert np.allclose(evidence["scores"], want) and watch.take_evidence() is None  # taken once

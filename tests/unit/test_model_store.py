@@ -655,3 +655,23 @@ def test_how_far_serving_is_behind_and_why(store, run_dir):
     pin_version(run_dir.parent, run_dir.name, 1)
     store.poll_once()
     assert store.status()["behind"]["why"].startswith("pinned to v1")
+
+
+def test_delayed_feedbacks_evidence_is_the_candidates_own_without_reports_the_served_version_never_learned(
+        run_dir):
+    """Pooled evidence (reports held back from learning, each naming its event) is judged alone: the
+    versions between hold the same reports. A report whose event came after the served checkpoint
+    (offset 100 on partition 0 for v1) is left out: the served model never learned that event."""
+    from streamlearn.serve.gate import gather_evidence
+
+    x = np.random.default_rng(3).random((6, FRAUD.n_features)).astype(np.float32)
+    pooled = {"features": x, "scores": np.linspace(0.1, 0.6, 6).astype(np.float32),
+              "targets": np.array([1, 1, 1, 1, 0, 0], np.float32),
+              "partition": np.array([0, 0, 1, 0, -1, -1]), "offset": np.array([40, 99, 5, 100, -1, -1])}
+    paths = {v: write_checkpoint(run_dir, v) for v in (1, 2, 3)}  # v1 learned partition 0 below offset 100
+    for v in (2, 3):
+        checkpoint.write(paths[v], torch.load(paths[v] / "model.pt")["model"], None, checkpoint.read_meta(paths[v]),
+                         evidence=pooled)
+    got = gather_evidence(paths, 3, 1, set(), lambda targets: False)  # never "enough": still v3's alone
+    assert got["features"].tolist() == x[[0, 1, 4, 5]].tolist()  # partition 1: v1 stood at 0 there
+    assert got["targets"].tolist() == [1, 1, 0, 0] and got["scores"].tolist() == pooled["scores"][[0, 1, 4, 5]].tolist()
