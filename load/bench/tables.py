@@ -556,25 +556,24 @@ def gate(d: dict) -> str:
 
 
 def gate_feedback(d: dict) -> str:
-    f, runs = d["figures"], d["runs"]
-    kinds = ("matured", "fake negatives")
-
-    def each(kind: str, group: str, key: str) -> str:
-        return " / ".join(pct(r[kind][group][key]) for r in runs)
-
     rows = []
-    for kind in kinds:
-        label = "matured labels (now)" if kind == "matured" else "fake negatives (before)"
-        rows += [[f"{label}: good held", pct(f[kind]["good_held_share"]), each(kind, "good", "held_share"),
-                  f"≤ {GATE_GOOD_HELD_MAX * 100:g} %", met(f[kind]["good_held_share"] <= GATE_GOOD_HELD_MAX),
-                  pct(f[kind]["good_judged_share"])],
-                 [f"{label}: worse held", pct(f[kind]["worse_held_share"]), each(kind, "worse", "held_share"),
-                  f"≥ {GATE_WORSE_HELD_MIN * 100:g} %", met(f[kind]["worse_held_share"] >= GATE_WORSE_HELD_MIN),
-                  pct(f[kind]["worse_judged_share"])]]
-    lines = table(["evidence: candidates", "held (median)", "per run", "target", "", "judged"], rows, "lrrllr")
-    a = d["args"]
-    lines += ["", f"{a['runs']} runs of {a['candidates']} candidates, a checkpoint every {a['events']:,} events; "
-                  f"the good lineage's held-out AUC {num(f['held_out_auc'], '.4f')} (median)."]
+    for name, regime in d["regimes"].items():
+        f, runs = regime["figures"], regime["runs"]
+        late = f"{name}: {regime['median_delay'] // d['args']['events']} intervals"
+        for kind in ("matured", "fake negatives"):
+            label = "matured labels (now)" if kind == "matured" else "fake negatives (before)"
+            for group, bar, ok in (("good", f"≤ {GATE_GOOD_HELD_MAX * 100:g} %", lambda v: v <= GATE_GOOD_HELD_MAX),
+                                   ("worse", f"≥ {GATE_WORSE_HELD_MIN * 100:g} %", lambda v: v >= GATE_WORSE_HELD_MIN)):
+                share = f[kind][f"{group}_held_of_judged"]
+                rows.append([late, f"{label}: {group} held", pct(share),
+                             " / ".join(pct(r[kind][group]["held_of_judged"]) for r in runs), bar, met(ok(share)),
+                             pct(f[kind][f"{group}_held_share"]), pct(f[kind][f"{group}_judged_share"])])
+    lines = table(["reports late (median)", "evidence: candidates", "held of judged (median)", "per run", "target",
+                   "", "held of all", "judged"], rows, "llrrllrr")
+    far = d["regimes"]["far"]
+    lines += ["", f"{d['args']['runs']} runs a regime, a checkpoint every {d['args']['events']:,} events "
+                  f"({far['candidates']} candidates `far`, {d['regimes']['near']['candidates']} `near`); the good "
+                  f"lineage's held-out AUC {num(far['figures']['held_out_auc'], '.4f')} `far` (median)."]
     return with_machine(lines, d)
 
 
