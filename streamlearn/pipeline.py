@@ -83,14 +83,16 @@ class DelayedFeedback(JoinedLabels):
     `ttl_s` is the attribution window of the quality signals only (an answer counts once its
     report came or this window ended: observe/evaluator.py); the trainer never waits on it.
 
-    `hold_events`: a report's event is learned again once its partition has learned this many
-    events after the report came (at a bank's 1,000 events/s over 8 partitions, 4,096 are ~30 s,
-    nothing beside a report's days). Meanwhile no version has learned the report, so the quality
-    gate judges every candidate and the served model on the same reports, hundreds of them where
-    one checkpoint's own are tens (load/bench/gate_feedback.py). 0: learned in the window it comes."""
+    `hold_events`, `hold_s`: a report's event is learned again once its partition has learned this
+    many events after the report came, or its events' Kafka time has moved on `hold_s`, whichever
+    is first (at a bank's 1,000 events/s over 8 partitions, 4,096 events are ~30 s; a slow stream
+    waits a minute: nothing beside a report's days). Meanwhile no version has learned the report,
+    so the quality gate judges every candidate and the served model on the same reports, hundreds
+    where one checkpoint's own are tens (load/bench/gate_feedback.py). 0: learned as it comes."""
 
     correction: str = "fnw"
     hold_events: int = 4096
+    hold_s: float = 60.0
 
     def __post_init__(self):
         super().__post_init__()
@@ -99,9 +101,9 @@ class DelayedFeedback(JoinedLabels):
                               "unlabelled_as (e.g. 0.0: no chargeback, no fraud)")
         if self.correction not in ("fnw", "none"):
             raise ConfigError(f"delayed feedback's correction is 'fnw' or 'none', got {self.correction!r}")
-        if self.hold_events < 0:
-            raise ConfigError(f"hold_events is how many events a report waits for before its event is learned "
-                              f"again (0: at once), got {self.hold_events}")
+        if self.hold_events < 0 or not self.hold_s >= 0:
+            raise ConfigError(f"hold_events and hold_s bound how long a report waits before its event is learned "
+                              f"again (0: at once), got {self.hold_events} and {self.hold_s}")
         fields = {f.name for f in self.schema.fields}
         if not {"partition", "offset"} <= fields:
             raise ConfigError(f"report schema {self.schema.name!r} needs the fields 'partition' and 'offset' "

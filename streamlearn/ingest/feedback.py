@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import time
 from collections import deque
 from operator import itemgetter
@@ -133,7 +134,8 @@ class Waiting(NamedTuple):
     """A report applied (its event found and checked) and held back from learning for the spec's
     `hold_events`: meanwhile it is evidence no version has learned, for the quality gate."""
 
-    due: int  # learned in the window whose end on the partition reaches this offset
+    due: int  # learned in the window whose end on the partition reaches this offset ...
+    until: float  # ... or once the partition's clock (its learned events' Kafka time, s) reaches this
     event: int  # the offset of the event it names
     x: np.ndarray  # the event's features
     crc: int
@@ -216,8 +218,9 @@ class ReportFeedback:
             features, fingerprints, dead = self._apply(pipeline, p, reports, found[spec.key])
             applied = [(row, o) for row, o in reports if row not in dead]
             due = self.learned_to.get(p, 0) + spec.hold_events
+            until = self.clocks.get(p, math.inf) + spec.hold_s  # no clock (no row store): by events only
             self.waiting.setdefault(p, deque()).extend(
-                Waiting(due, o, features[i], crc, float(targets[row]))
+                Waiting(due, until, o, features[i], crc, float(targets[row]))
                 for i, ((row, o), crc) in enumerate(zip(applied, fingerprints.tolist(), strict=True)))
             refused += [(kept[row], reason) for row, reason in dead.items()]
         x, y, crcs = [events.x], [np.full(len(events.y), spec.unlabelled_as, np.float32)], [events.crcs]
@@ -245,8 +248,8 @@ class ReportFeedback:
         learns them all), in partition order, each partition's in the order they came."""
         out = []
         for p in sorted(self.waiting):
-            waiting, end, rows = self.waiting[p], self.learned_to.get(p, 0), []
-            while waiting and (everything or waiting[0].due <= end):
+            waiting, end, now, rows = self.waiting[p], self.learned_to.get(p, 0), self.clocks.get(p, -math.inf), []
+            while waiting and (everything or waiting[0].due <= end or waiting[0].until <= now):
                 rows.append(waiting.popleft())
             if rows:
                 out.append(rows)
@@ -372,6 +375,7 @@ class ReportFeedback:
             out[f"p{p}/waiting.x"] = np.stack([r.x for r in waiting])
             out[f"p{p}/waiting.place"] = np.array([(r.due, r.event, r.crc) for r in waiting], np.int64).reshape(-1, 3)
             out[f"p{p}/waiting.y"] = np.array([r.y for r in waiting], np.float32)
+            out[f"p{p}/waiting.until"] = np.array([r.until for r in waiting], np.float64)
         for p, held in self.held.items():
             out[f"p{p}/held.place"] = np.array([(h.at, h.report, h.event) for h in held], np.int64).reshape(-1, 3)
             out[f"p{p}/held.length"] = np.array([len(h.raw) for h in held], np.int64)
@@ -394,8 +398,9 @@ class ReportFeedback:
                                 in zip(named["held.place"].tolist(), named["held.length"].tolist(), ends, strict=True)]
                 heapq.heapify(self.held[p])
             if "waiting.place" in named:
-                self.waiting[p] = deque(Waiting(due, event, x, crc, y) for (due, event, crc), x, y in zip(
-                    named["waiting.place"].tolist(), named["waiting.x"], named["waiting.y"].tolist(), strict=True))
+                self.waiting[p] = deque(Waiting(due, until, event, x, crc, y) for (due, event, crc), until, x, y in zip(
+                    named["waiting.place"].tolist(), named["waiting.until"].tolist(), named["waiting.x"],
+                    named["waiting.y"].tolist(), strict=True))
             if self.maturing is not None:
                 self.maturing.restore(p, named)
 

@@ -505,7 +505,7 @@ def _lineage(cfg: TrainConfig, stream: Stream, restored) -> Lineage:
 def _holds_reports(pipeline: Pipeline) -> bool:
     """Delayed feedback that holds reports back from learning (ingest/feedback.py): a group's last
     window learns them all, so it is a checkpoint even if it planned nothing new."""
-    return isinstance(pipeline.labels, DelayedFeedback) and pipeline.labels.hold_events > 0
+    return isinstance(pipeline.labels, DelayedFeedback) and min(pipeline.labels.hold_events, pipeline.labels.hold_s) > 0
 
 
 def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int, controller,

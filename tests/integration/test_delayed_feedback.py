@@ -157,6 +157,11 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
     evidence = [ckpt.load_evidence(path) for _, path in ckpt.list_checkpoints(run_dir(cfg))]
     assert any(e is not None for e in evidence)
     assert all(e["targets"].min() == 1.0 for e in evidence if e is not None)  # the gate's: reports only
+    # ... those held back from learning, each naming its event: one of the events the run learned
+    stamped = {(p, o) for p, o, _, _ in read_stamped(kafka_settings, topic)}
+    named = [(int(p), int(o)) for e in evidence if e is not None for p, o in zip(e["partition"], e["offset"],
+                                                                                   strict=True)]
+    assert named and set(named) <= stamped
 
     # Resume on one worker: every partition's reported offsets move to rank 0, so a chargeback
     # sent again is refused there; the bad reports are dead-lettered with their reasons. The new

@@ -209,6 +209,8 @@ def test_delayed_feedback_refuses_a_contract_it_cannot_keep():
         DelayedFeedback(REPORT, unlabelled_as=0.0, correction="fnc")
     with pytest.raises(ConfigError, match="hold_events"):
         DelayedFeedback(REPORT, unlabelled_as=0.0, hold_events=-1)
+    with pytest.raises(ConfigError, match="hold_s"):
+        DelayedFeedback(REPORT, unlabelled_as=0.0, hold_s=float("nan"))
 
 
 def _window(seq: int, ranges: dict, checkpoint: bool = False) -> Window:
@@ -273,7 +275,7 @@ def test_an_applied_report_is_held_back_from_learning_and_is_the_gates_evidence_
     """With `hold_events`, a report applied waits until its partition has learned that many more
     events: meanwhile no version has learned it, and each checkpoint window carries it (the pool)
     for the gate. Learned once, with its event's features, through a checkpoint and a restore."""
-    spec = replace(PIPELINE.labels, hold_events=20)
+    spec = replace(PIPELINE.labels, hold_events=20, hold_s=1e12)  # by events (the clock: its own test)
     placed, topic = _events(8, 120)
     e, value, p, o = next(x for x in placed if x[3] == 5)
     lookup = Topic(topic)
@@ -315,3 +317,23 @@ def test_the_groups_last_window_learns_every_report_still_held_back(tmp_path):
     assert feedback.pending["labels"] == 6
     last = feedback.batch(PIPELINE, Window(1, {}, stop=True), decode_events(PIPELINE, []), [])
     assert last.size == 6 and last.targets.tolist() == [1.0] * 6 and feedback.pending["labels"] == 0
+
+
+def test_a_report_held_back_is_learned_once_its_partitions_event_time_moved_on_hold_s(tmp_path):
+    """A slow stream takes long to learn `hold_events`: a report waits no longer than `hold_s` of its
+    partition's events' Kafka time (the clock the rank learned them on, so a replay decides alike)."""
+    placed, topic = _events(8, 120)
+    e, _, p, o = next(x for x in placed if x[3] == 5)
+    seconds = (topic[p][19].timestamp()[1] - topic[p][9].timestamp()[1]) / 1000.0 - 0.001  # float rounding
+    assert seconds > (topic[p][19].timestamp()[1] - topic[p][18].timestamp()[1]) / 1000.0
+    feedback = ReportFeedback(replace(PIPELINE.labels, hold_events=10**6, hold_s=seconds), Topic(topic),
+                              _stores(tmp_path))
+
+    def learn(seq: int, lo: int, hi: int, reports=()):
+        window = Window(seq, {q: (lo, hi) for q in topic})
+        return feedback.batch(PIPELINE, window, decode_events(PIPELINE, [m for q in sorted(topic)
+                                                                        for m in topic[q][lo:hi]]), list(reports))
+
+    assert learn(0, 0, 10, [_report(e, p, o, 0)]).targets.max() == 0.0  # the clock at offset 9's time
+    assert learn(1, 10, 19).targets.max() == 0.0 and feedback.pending["labels"] == 1
+    assert learn(2, 19, 20).targets.tolist() == [0.0, 0.0, 1.0] and feedback.pending["labels"] == 0
