@@ -282,6 +282,12 @@ def pack(rows: list[dict]) -> pa.Table:
                      "pack": pa.array([pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)], pa.large_binary())})
 
 
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
 def read_pool(row: dict) -> Pool | None:
     """A slice's reports held back from learning (a checkpoint window of delayed feedback), or None."""
     if not row.get("pool"):
@@ -301,15 +307,9 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     dead-lettered, the events expired or learned unlabelled and, at a checkpoint window, the
     lane's join state (an .npz; empty bytes between checkpoints)."""
     x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
-    join = pool = b""
-    if batch.join_delta is not None:
-        buffer = io.BytesIO()
-        np.savez(buffer, **batch.join_delta)
-        join = buffer.getvalue()
-    if batch.pool is not None:  # delayed feedback's reports held back from learning (the gate's evidence)
-        buffer = io.BytesIO()
-        np.savez(buffer, **batch.pool._asdict())
-        pool = buffer.getvalue()
+    join = _npz(batch.join_delta) if batch.join_delta is not None else b""
+    # delayed feedback's reports held back from learning (the gate's evidence), at checkpoint windows
+    pool = _npz(batch.pool._asdict()) if batch.pool is not None else b""
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
            "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
