@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -44,9 +43,6 @@ class Batch:
     # for the quality signals (ingest/maturing.py), never learned; and how long ago they arrived.
     matured: np.ndarray | None = None
     matured_age_s: float | None = None
-    # Delayed feedback, at a checkpoint window: the reports held back from learning (feedback.Pool),
-    # the positives of the gate's evidence.
-    pool: Any = None
 
     @property
     def size(self) -> int:

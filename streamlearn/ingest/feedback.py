@@ -143,7 +143,7 @@ class Waiting(NamedTuple):
 
 
 class Pool(NamedTuple):
-    """The reports a rank holds back from learning, as arrays (rows in partition order): what the
+    """The reports held back from learning, as arrays (rows in partition order): what the
     checkpoint's gate evidence takes its positives from (train/learner.py)."""
 
     x: np.ndarray
@@ -240,8 +240,7 @@ class ReportFeedback:
         return Batch(window, *joined, events.dead,
                      bad_labels=bad_labels, defaulted=len(events.y), ignored=ignored,
                      join_delta=self.delta() if window.checkpoint else None, matured=matured,
-                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing and self.judged else None,
-                     pool=self.pool() if window.checkpoint and self.judged else None)
+                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing and self.judged else None)
 
     def _release(self, everything: bool) -> list[list[Waiting]]:
         """Each partition's reports whose hold is over (`everything`: the group's last window, which
@@ -256,14 +255,6 @@ class ReportFeedback:
             if not waiting:
                 del self.waiting[p]
         return out
-
-    def pool(self) -> Pool | None:
-        """The reports held back from learning now, as arrays; None if there are none."""
-        rows = [(p, r) for p in sorted(self.waiting) for r in self.waiting[p]]
-        if not rows:
-            return None
-        return Pool(np.stack([r.x for _, r in rows]), np.array([r.y for _, r in rows], np.float32),
-                    np.array([p for p, _ in rows], np.int64), np.array([r.event for _, r in rows], np.int64))
 
     def _ahead(self, p: int, o: int) -> bool:
         """Does this report name an event in the topic that this rank has not learned yet? (Not
@@ -434,6 +425,19 @@ def positions(messages: list) -> tuple[np.ndarray, np.ndarray, list[tuple[int, i
         runs.append((p, first, last, messages[j - 1]))
         i = j
     return partitions, offsets, runs
+
+
+def held_back(join: dict[str, np.ndarray]) -> Pool | None:
+    """The reports every rank (or Ray Data lane) holds back from learning, read from the group's
+    join state as gathered for a checkpoint (each partition's `waiting.*`, `delta`): the whole
+    group's, where each rank's own pool would give the gate 1/W of them. None if there are none."""
+    parts = [(p, named) for p, named in sorted(by_partition(join).items()) if "waiting.y" in named]
+    if not parts:
+        return None
+    return Pool(np.concatenate([named["waiting.x"] for _, named in parts]),
+                np.concatenate([named["waiting.y"] for _, named in parts]).astype(np.float32, copy=False),
+                np.concatenate([np.full(len(named["waiting.y"]), p, np.int64) for p, named in parts]),
+                np.concatenate([named["waiting.place"][:, 1] for _, named in parts]))
 
 
 def make_join(pipeline: Pipeline, settings: KafkaSettings, topic: str, group_id: str, partitions: int,

@@ -52,7 +52,7 @@ from streamlearn import faults, heap
 from streamlearn.config import KafkaSettings
 from streamlearn.errors import KafkaUnavailable
 from streamlearn.ingest.decode import Batch, decode_events
-from streamlearn.ingest.feedback import Pool, make_join
+from streamlearn.ingest.feedback import make_join
 from streamlearn.ingest.reader import RangeReader
 from streamlearn.ingest.windows import Window
 from streamlearn.pipeline import Pipeline
@@ -288,14 +288,6 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def read_pool(row: dict) -> Pool | None:
-    """A slice's reports held back from learning (a checkpoint window of delayed feedback), or None."""
-    if not row.get("pool"):
-        return None
-    with np.load(io.BytesIO(row["pool"]), allow_pickle=False) as npz:
-        return Pool(**{name: npz[name] for name in Pool._fields})
-
-
 def unpack(table: pa.Table) -> list[dict]:
     """Every slice the table's packs carry, in the order they were packed."""
     return [row for blob in table.column("pack").to_pylist() for row in pickle.loads(blob)]
@@ -308,15 +300,13 @@ def _decoded_row(seq: int, batch: Batch, rows: int, read_s: float, decode_s: flo
     lane's join state (an .npz; empty bytes between checkpoints)."""
     x, y = np.ascontiguousarray(batch.features), np.ascontiguousarray(batch.targets)
     join = _npz(batch.join_delta) if batch.join_delta is not None else b""
-    # delayed feedback's reports held back from learning (the gate's evidence), at checkpoint windows
-    pool = _npz(batch.pool._asdict()) if batch.pool is not None else b""
     row = {"window": seq, "rows": rows,
            "x": x.tobytes(), "x_dtype": x.dtype.str, "y": y.tobytes(), "y_dtype": y.dtype.str,
            "crc": np.ascontiguousarray(batch.crcs, np.uint32).tobytes(), "read_s": read_s, "decode_s": decode_s,
            "expired": batch.expired, "defaulted": batch.defaulted, "ignored": batch.ignored, "join": join,
            # delayed feedback's matured negatives (maturing.py), same dtype and width as x
            "matured": b"" if batch.matured is None else np.ascontiguousarray(batch.matured, x.dtype).tobytes(),
-           "matured_age_s": batch.matured_age_s, "pool": pool}
+           "matured_age_s": batch.matured_age_s}
     for prefix, dead in (("bad", batch.bad), ("bad_label", batch.bad_labels)):
         row.update({f"{prefix}_partition": [m.partition for m, _ in dead],
                     f"{prefix}_offset": [m.offset for m, _ in dead],

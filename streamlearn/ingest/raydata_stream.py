@@ -261,7 +261,7 @@ class RayDataStream:
         x0, y0 = self._empty
         xs, ys, crcs, bad, bad_labels, join = [x0], [y0], [np.empty(0, np.uint32)], [], [], None
         expired = defaulted = ignored = 0
-        matured, ages, pools = [], [], []
+        matured, ages = [], []
         for r in rows:
             y = np.frombuffer(r["y"], dtype=r["y_dtype"])
             xs.append(np.frombuffer(r["x"], dtype=r["x_dtype"]).reshape(len(y), *x0.shape[1:]))
@@ -278,8 +278,6 @@ class RayDataStream:
                 ages.append(r["matured_age_s"])
             if (state := source.read_join_state(r)) is not None:  # a checkpoint window: each lane's state
                 join = {**(join or {}), **state}
-            if (pool := source.read_pool(r)) is not None:
-                pools.append(pool)
             self.stats["read_s"] += r["read_s"]
             self.stats["decode_s"] += r["decode_s"]
             self.stats["slices"] += 1
@@ -287,8 +285,7 @@ class RayDataStream:
         return Batch(window, np.concatenate(xs), np.concatenate(ys), np.concatenate(crcs), bad,
                      bad_labels=bad_labels, expired=expired, defaulted=defaulted, ignored=ignored,
                      join_delta=(join or {}) if window.checkpoint and self.label_topic is not None else None,
-                     matured=np.concatenate(matured) if matured else None, matured_age_s=max(ages, default=None),
-                     pool=source.Pool(*map(np.concatenate, zip(*pools, strict=True))) if pools else None)
+                     matured=np.concatenate(matured) if matured else None, matured_age_s=max(ages, default=None))
 
     def ingest_stats(self) -> dict:
         """Since the last checkpoint, for its metrics and `streamlearn status`: the Ray Data stage's

@@ -14,6 +14,7 @@ import torch
 
 from streamlearn import faults
 from streamlearn.ingest.decode import FINGERPRINT_MOD, Batch
+from streamlearn.ingest.feedback import Pool
 from streamlearn.phases import Phases
 from streamlearn.pipeline import DelayedFeedback, Pipeline
 from streamlearn.train.averaging import average
@@ -91,13 +92,13 @@ class Learner:
             scores = self.score(features)
         self.recent.observe_matured(scores, targets, features, batch.matured_age_s)
 
-    def judge_pool(self, batch: Batch) -> None:
-        """Delayed feedback, rank 0, once a checkpoint window is learned: the gate's evidence. Its
-        frauds are the reports held back from learning (ingest/feedback.py, `hold_events`), which
-        no version has learned, so the candidate and the served model are judged alike on hundreds
+    def judge_pool(self, pool: Pool | None) -> None:
+        """Delayed feedback, rank 0, at a checkpoint: the gate's evidence. Its frauds are the
+        reports every rank holds back from learning (ingest/feedback.py, `hold_events`), which no
+        version has learned, so the candidate and the served model are judged alike on hundreds
         of them; its legitimate events the newest that matured unreported. All scored by the model
         as it is checkpointed: the candidate itself."""
-        pool, negatives = batch.pool, self.recent.gate_negatives()
+        negatives = self.recent.gate_negatives()
         parts = [(pool.x, pool.y, pool.partition, pool.offset)] if pool is not None else []
         if negatives is not None:  # matured: learned by every version, long ago (-1: nowhere to check)
             none = np.full(len(negatives), -1, np.int64)

@@ -31,6 +31,7 @@ from streamlearn.collectives import broadcast, exchange
 from streamlearn.config import TrainConfig
 from streamlearn.errors import StreamlearnError
 from streamlearn.ingest.decode import Batch, feature_width
+from streamlearn.ingest.feedback import held_back
 from streamlearn.ingest.rowstore import ROWS_DIR
 from streamlearn.ingest.stream import Stream, WorkerStream
 from streamlearn.ingest.windows import Window, WindowPlanner
@@ -217,8 +218,6 @@ class Worker:
         if self.learner.recent.silent is not None:  # delayed feedback, rank 0: before the window is learned
             self.learner.judge_matured(batch)
         steps, batch_loss, learned_fp = self.learner.learn(batch, sizes, cfg.batch_size, cfg.seed, rank)
-        if window.checkpoint and self.learner.recent.silent is not None and self.learner.recent.evidence is not None:
-            self.learner.judge_pool(batch)  # the checkpoint's evidence, scored by the candidate itself
         # What a window costs beyond reading and learning it: its plan and the collective carrying it.
         self.accrued.overhead_ms.append(1e3 * (phases.last.get("plan", 0.0) + phases.last.get("sync", 0.0)))
         self.stream.dead_letter(batch)
@@ -271,6 +270,10 @@ class Worker:
         metrics["online"] = summarize(pipeline.task, scores, targets)
         if recent.matured is not None:
             metrics["matured"] = _matured(pipeline.task, recent)
+        # every rank's join state, one dict: its arrays are named by partition
+        join = {name: a for part in join_state for name, a in (part or {}).items()} if join_state is not None else None
+        if recent.silent is not None and recent.evidence is not None and join is not None:
+            self.learner.judge_pool(held_back(join))  # every rank's held reports, scored by the candidate itself
         evidence = recent.take_evidence()
         metrics["ingest"] = {**self.stream.ingest_stats(), "why": cfg.ingest_why}
         if alarms := recent.take_alarms():
@@ -281,7 +284,8 @@ class Worker:
                 "workers": self.world, "restored_from": self.restored_from}
         if evidence is not None:  # events learned since the previous version, for the scorer's gate
             meta["evidence"] = {"events": len(evidence["targets"]), "after_version": lineage.version - 1}
-        join = _join_meta(pipeline, meta, metrics, lineage, join_state) if join_state is not None else None
+        if join is not None:
+            _join_meta(pipeline, meta, metrics, lineage, join)
         version, totals = lineage.version, dict(vars(lineage.totals))
 
         def published() -> None:  # in the writer's thread, once the checkpoint is durable and committed
@@ -365,9 +369,8 @@ class ReadAhead:
         self.last = planned
 
 
-def _join_meta(pipeline: Pipeline, meta: dict, metrics: dict, lineage: Lineage, join_state: list) -> dict:
-    """With joined labels: the join state's arrays for the writer, its counts in the meta and metrics."""
-    join = {name: a for part in join_state for name, a in (part or {}).items()}
+def _join_meta(pipeline: Pipeline, meta: dict, metrics: dict, lineage: Lineage, join: dict) -> None:
+    """With joined labels: the join state's counts in the meta and metrics."""
     meta["join"] = {"ttl_s": pipeline.labels.ttl_s, "max_pending": pipeline.labels.max_pending,
                     "pending": {side: sum(int(a[3]) for name, a in join.items() if name.endswith(f"/{side}.range"))
                                 for side in ("events", "labels")}}
@@ -381,7 +384,6 @@ def _join_meta(pipeline: Pipeline, meta: dict, metrics: dict, lineage: Lineage, 
     if isinstance(pipeline.labels, DelayedFeedback):  # reports applied, and those that changed nothing
         metrics["join"]["reports"] = lineage.totals.learned - lineage.totals.defaulted
         metrics["join"]["ignored"] = lineage.totals.ignored
-    return join
 
 
 class Startup:

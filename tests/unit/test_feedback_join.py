@@ -14,7 +14,7 @@ import pytest
 
 from streamlearn.errors import ConfigError
 from streamlearn.ingest.decode import decode_events, feature_width
-from streamlearn.ingest.feedback import LOW_REFRESH_S, RUN_SPAN, EventLookup, ReportFeedback
+from streamlearn.ingest.feedback import LOW_REFRESH_S, RUN_SPAN, EventLookup, ReportFeedback, held_back
 from streamlearn.ingest.rowstore import RowStore
 from streamlearn.ingest.windows import Window
 from streamlearn.loadgen.generator import BankingSimulator, encode_batch
@@ -273,8 +273,8 @@ def test_a_write_that_fails_in_the_stores_thread_gives_the_store_up_at_the_next_
 
 def test_an_applied_report_is_held_back_from_learning_and_is_the_gates_evidence_meanwhile(tmp_path):
     """With `hold_events`, a report applied waits until its partition has learned that many more
-    events: meanwhile no version has learned it, and each checkpoint window carries it (the pool)
-    for the gate. Learned once, with its event's features, through a checkpoint and a restore."""
+    events: meanwhile no version has learned it, and each checkpoint window's join state carries it
+    (the pool) for the gate. Learned once, with its event's features, through a checkpoint and a restore."""
     spec = replace(PIPELINE.labels, hold_events=20, hold_s=1e12)  # by events (the clock: its own test)
     placed, topic = _events(8, 120)
     e, value, p, o = next(x for x in placed if x[3] == 5)
@@ -290,8 +290,9 @@ def test_an_applied_report_is_held_back_from_learning_and_is_the_gates_evidence_
     first = feedback.batch(PIPELINE, window(0, 0, 10, checkpoint=True), events(0, 10), [_report(e, p, o, 0)])
     assert first.size == 20 and first.targets.max() == 0.0  # applied, not learned: due at offset 30
     assert feedback.pending == {"events": 0, "labels": 1}
-    assert first.pool.partition.tolist() == [p] and first.pool.offset.tolist() == [o]
-    assert first.pool.y.tolist() == [1.0] and np.array_equal(first.pool.x[0], first.features[[
+    pool = held_back(first.join_delta)
+    assert pool.partition.tolist() == [p] and pool.offset.tolist() == [o]
+    assert pool.y.tolist() == [1.0] and np.array_equal(pool.x[0], first.features[[
         i for i, c in enumerate(first.crcs.tolist()) if c == zlib.crc32(value)][0]])
     again = _batch(feedback, [], [_report(e, p, o, 1)])  # reported twice while it waits: still once
     assert [reason_code(r) for _, r in again.bad_labels] == ["duplicate_report"]
@@ -300,10 +301,32 @@ def test_an_applied_report_is_held_back_from_learning_and_is_the_gates_evidence_
     resumed.restore(first.join_delta, lambda q: True)
     assert resumed.pending["labels"] == 1
     waiting = resumed.batch(PIPELINE, window(1, 10, 29), events(10, 29), [])
-    assert waiting.size == 38 and waiting.targets.max() == 0.0 and waiting.pool is None  # no checkpoint here
+    assert waiting.size == 38 and waiting.targets.max() == 0.0 and waiting.join_delta is None  # no checkpoint here
     due = resumed.batch(PIPELINE, window(2, 29, 30, checkpoint=True), events(29, 30), [])
     assert due.size == 3 and due.targets.tolist() == [0.0, 0.0, 1.0] and due.crcs.tolist()[-1] == zlib.crc32(value)
-    assert due.pool is None and resumed.pending["labels"] == 0 and lookup.reads == 0
+    assert held_back(due.join_delta) is None and resumed.pending["labels"] == 0 and lookup.reads == 0
+
+
+def test_the_gates_pool_is_every_ranks_held_reports_in_partition_order(tmp_path):
+    """Each rank reads its own partitions and holds their reports; the checkpoint gathers every
+    rank's join state, and the pool read from it has them all (rank 0's own would be 1/W of them)."""
+    spec = replace(PIPELINE.labels, hold_events=10**6, hold_s=1e12)
+    placed, topic = _events(9, 80)
+    states = []
+    for rank, p in ((0, 1), (1, 0)):  # rank r reads partition 1 - r: the pool is ordered by partition
+        mine = {p: topic[p]}
+        reported = [x for x in placed if x[2] == p][3:5]
+        feedback = ReportFeedback(spec, Topic(mine), RowStore(tmp_path / str(rank), feature_width(PIPELINE)))
+        batch = feedback.batch(PIPELINE, Window(0, {p: (0, 40)}, checkpoint=True), decode_events(PIPELINE, mine[p]),
+                               [_report(e, q, o, n) for n, (e, _, q, o) in enumerate(reported)])
+        assert batch.targets.max() == 0.0 and not batch.bad_labels  # held back, none learned as a fraud
+        states.append(batch.join_delta)
+    pool = held_back({name: a for state in states for name, a in state.items()})
+    assert pool.partition.tolist() == [0, 0, 1, 1] and pool.offset.tolist() == [3, 4, 3, 4]
+    by_place = {(p, o): v for _, v, p, o in placed}
+    fresh = decode_events(PIPELINE, [Msg(p, o, by_place[p, o], 0) for p, o in ((0, 3), (0, 4), (1, 3), (1, 4))])
+    assert pool.x.tobytes() == fresh.x.tobytes() and pool.y.tolist() == [1.0] * 4
+    assert held_back(states[0] | {"p5/reported": np.array([1])}).partition.tolist() == [1, 1]  # no waiting: none
 
 
 def test_the_groups_last_window_learns_every_report_still_held_back(tmp_path):

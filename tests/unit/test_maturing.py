@@ -227,11 +227,10 @@ def test_a_window_s_reports_and_matured_negatives_are_scored_by_one_model_before
 
 
 def test_a_checkpoints_evidence_is_the_reports_held_back_and_matured_negatives_scored_by_the_candidate():
-    """At a checkpoint window, once it is learned: the reports no version has learned yet (the pool,
-    with their events' places) and the newest matured negatives, scored by the model as checkpointed."""
+    """At a checkpoint: the reports no version has learned yet (every rank's pool, with their
+    events' places) and the newest matured negatives, scored by the model as checkpointed."""
     import torch
 
-    from streamlearn.ingest.decode import Batch
     from streamlearn.ingest.feedback import Pool
     from streamlearn.phases import Phases
     from streamlearn.train.learner import Learner
@@ -244,8 +243,7 @@ def test_a_checkpoints_evidence_is_the_reports_held_back_and_matured_negatives_s
     x = np.random.default_rng(2).random((7, feature_width(PIPELINE))).astype(np.float32)
     watch.observe_matured(np.zeros(3), np.array([1, 0, 0], np.float32), x[:3])  # a report, two negatives
     pool = Pool(x[3:6], np.ones(3, np.float32), np.array([0, 0, 1]), np.array([10, 11, 7]))
-    learner.judge_pool(Batch(Window(0, {0: (0, 1)}, checkpoint=True), x[6:], np.zeros(1, np.float32),
-                             np.zeros(1, np.uint32), [], pool=pool))
+    learner.judge_pool(pool)
     evidence = watch.take_evidence()
     assert evidence["targets"].tolist() == [1, 1, 1, 0, 0] and evidence["features"].tolist() == np.r_[
         x[3:6], x[1:3]].tolist()

@@ -57,26 +57,21 @@ def test_a_slice_between_checkpoints_carries_no_state_and_an_empty_one_still_cou
 
 
 def test_delayed_feedbacks_matured_rows_ride_along_and_a_rank_gets_every_lane_s():
-    from streamlearn.ingest.feedback import Pool
     from streamlearn.ingest.raydata_stream import RayDataStream
 
     x = np.zeros((2, 4), np.float32)
     rows = []
     for lane, age in ((0, 86_400.0), (1, 90_000.0)):
         matured = np.full((lane + 2, 4), lane, np.float32)  # never learned: beside x, not in it
-        pool = Pool(np.full((1, 4), 5 + lane, np.float32), np.ones(1, np.float32), np.array([lane]),
-                    np.array([10 * lane]))  # each lane's reports held back from learning
         batch = Batch(Window(5, {}), x, np.zeros(2, np.float32), np.array([1, 2], np.uint32), [],
-                      matured=matured, matured_age_s=age, pool=pool)
+                      matured=matured, matured_age_s=age)
         rows.append(_through_arrow(source._decoded_row(5, batch, rows=2, read_s=0.0, decode_s=0.0)))
     plain = _through_arrow(source._decoded_row(5, Batch(Window(5, {}), x, np.zeros(2, np.float32),
                                                         np.array([3, 4], np.uint32), []), 2, 0.0, 0.0))
-    assert plain["matured"] == b"" and plain["matured_age_s"] is None and source.read_pool(plain) is None
+    assert plain["matured"] == b"" and plain["matured_age_s"] is None
     stream = RayDataStream.__new__(RayDataStream)  # only what _batch reads
     stream._empty, stream.label_topic = (np.empty((0, 4), np.float32), np.empty(0, np.float32)), "t.labels"
     stream.stats = {"read_s": 0.0, "decode_s": 0.0, "slices": 0}
     got = stream._batch(Window(5, {}), [*rows, plain])
     assert got.size == 6 and got.matured.tolist() == [[0.0] * 4] * 2 + [[1.0] * 4] * 3
     assert got.matured_age_s == 90_000.0
-    assert got.pool.x.tolist() == [[5.0] * 4, [6.0] * 4] and got.pool.partition.tolist() == [0, 1]
-    assert got.pool.offset.tolist() == [0, 10] and got.pool.y.tolist() == [1.0, 1.0]
