@@ -150,12 +150,12 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
     assert meta["metrics"]["ingest"]["mode"] == ingest
     last = json.loads((run_dir(cfg) / "history.jsonl").read_text().splitlines()[-1])
     assert last["join"]["reports"] == meta["want"]["applied"]  # shown with every checkpoint
-    # The signals that judge on matured labels (issue 45) saw rank 0's reports and no fake negative:
-    # nothing here outlives the 120-day attribution window, so every matured row is a report. Every
-    # checkpoint's, not the last's alone: a report is judged as its hold ends, and after the kill
-    # rank 0's fresh window sees only those released since, on the slices Ray Data gives it.
+    # The signals that judge on matured labels (issue 45) saw no fake negative: nothing here outlives
+    # the 120-day attribution window, so every matured row is a report (that they see reports at
+    # all: after the resume below; a report is judged as its hold ends, which in a run this short
+    # is its group's last window, and Ray Data may give that slice to rank 1).
+    first_run = len((run_dir(cfg) / "history.jsonl").read_text().splitlines())
     matured = [json.loads(row)["matured"] for row in (run_dir(cfg) / "history.jsonl").read_text().splitlines()]
-    assert max(m["positives"] for m in matured) > 0
     assert all(m["window"] == m["positives"] and m["age_s"] is None for m in matured)
     evidence = [ckpt.load_evidence(path) for _, path in ckpt.list_checkpoints(run_dir(cfg))]
     assert any(e is not None for e in evidence)
@@ -185,6 +185,9 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
                  read_lanes=3), kafka_settings)
     again = assert_feedback_exactly_once(kafka_settings, cfg)
     assert again["metrics"]["ingest"].get("lanes") == (3 if ingest == "ray-data" else None)
+    # On one worker rank 0 learns every slice: the reports released as their holds end are judged there.
+    resumed = (run_dir(cfg) / "history.jsonl").read_text().splitlines()[first_run:]
+    assert max(json.loads(row)["matured"]["positives"] for row in resumed) > 0
     new_letters = Counter(code for at, code in again["want"]["letters"].items() if at not in meta["want"]["letters"])
     assert new_letters == reasons and again["counters"]["ignored"] == meta["counters"]["ignored"] + 1
     assert again["counters"]["learned"] > meta["counters"]["learned"] + 2_000

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from streamlearn import faults
 from streamlearn.kafka.admin import ensure_topics
 from streamlearn.loadgen.generator import run_load
 from streamlearn.loadgen.labels import LabelPlan, parse_label_delay
@@ -49,16 +50,21 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     run_load(kafka.bootstrap, topic, partitions=4, count=30_000, bad_fraction=0.02, seed=21, labels=chargebacks)
     # Small windows and frequent checkpoints: the kill falls well inside the run, after a checkpoint.
     common = dict(window_events=1000, checkpoint_every_steps=8, checkpoint_every_s=3600.0, until_idle_s=1.0,
-                  max_failures=2, pipeline=pipeline)
+                  max_failures=3, pipeline=pipeline)
     clean = config(tmp_path / "clean", topic, run_name="clean", group_id="replay-clean", **common)
     train(clean, kafka_settings)
 
     # Its own dead-letter topic: a new lineage skips dead letters another one already wrote.
     killed = config(tmp_path / "killed", topic, run_name="killed", group_id="replay-killed",
                     dlq_topic=f"{topic}.dlq-killed", **common)
-    monkeypatch.setenv("STREAMLEARN_FAULT", "step@rank1#90")  # rank 1's 90th optimizer step: mid-window
+    # Rank 1's 90th optimizer step: mid-window. With delayed feedback also the first group's second
+    # checkpoint, once durable and before its offsets are committed: the reports held back from
+    # learning and the reported offsets are in it, and the group after must not apply either again.
+    spec = "step@rank1#90" + (",after_publish_before_commit@rank0#2" if chargebacks else "")
+    monkeypatch.setenv("STREAMLEARN_FAULT", spec)
     summary = train(killed, kafka_settings)
-    assert (run_dir(killed) / ".faults" / "step-rank1-90").exists(), "the fault never fired"
+    for fault in spec.split(","):
+        assert faults.mark_of(run_dir(killed), fault).exists(), f"the fault {fault} never fired"
     assert summary["lineage_learned"] == summary["events_learned"]
 
     model_a, opt_a, meta_a = _final_state(clean)
