@@ -224,7 +224,7 @@ class ReportFeedback:
                 for i, ((row, o), crc) in enumerate(zip(applied, fingerprints.tolist(), strict=True)))
             refused += [(kept[row], reason) for row, reason in dead.items()]
         x, y, crcs = [events.x], [np.full(len(events.y), spec.unlabelled_as, np.float32)], [events.crcs]
-        for rows in self._release(window.stop):
+        for rows in self._release(window.stop and not window.hand_over):
             x.append(np.stack([r.x for r in rows]))
             y.append(np.array([r.y for r in rows], np.float32))
             crcs.append(np.array([r.crc for r in rows], np.uint32))
@@ -243,8 +243,9 @@ class ReportFeedback:
                      matured_age_s=self.maturing.age_s(self.clocks) if self.maturing and self.judged else None)
 
     def _release(self, everything: bool) -> list[list[Waiting]]:
-        """Each partition's reports whose hold is over (`everything`: the group's last window, which
-        learns them all), in partition order, each partition's in the order they came."""
+        """Each partition's reports whose hold is over (`everything`: the run's last window, which
+        learns them all; a resize's next group restores them still held), in partition order, each
+        partition's in the order they came."""
         out = []
         for p in sorted(self.waiting):
             waiting, end, now, rows = self.waiting[p], self.learned_to.get(p, 0), self.clocks.get(p, -math.inf), []

@@ -24,6 +24,9 @@ class Window:
     ranges: dict[int, tuple[int, int]]  # partition -> [start, end) offsets
     checkpoint: bool = False  # checkpoint once this window is learned
     stop: bool = False  # the run ends after this window (it may be empty)
+    # ... and goes on in the next group of a resize, which restores its checkpoint: state that waits
+    # (delayed feedback's reports held back from learning) stays waiting, not learned at once.
+    hand_over: bool = False
     by_partition: bool = True  # each partition's range goes whole to rank partition % world
     # Joined labels: the labels topic's ranges, partition p's going to the rank that reads
     # partition p of the events (windows with labels are always by partition).

@@ -78,8 +78,11 @@ class Coordinator:
         highs = self._high_watermarks()
         now = self.clock()
         self._track_idle(highs, now)
-        window = self.planner.next(highs or {}, label_highs=self._label_highs if highs else None,
-                                   stop=self._idle_stop(highs) or self._resize_due())
+        idle = self._idle_stop(highs)
+        resize = not idle and self._resize_due()  # a run that ends asks the controller nothing
+        window = self.planner.next(highs or {}, label_highs=self._label_highs if highs else None, stop=idle or resize)
+        if window.stop and resize and not idle:
+            window = replace(window, hand_over=True)
         self._last_empty = window.messages == 0
         self.planned_since_checkpoint += window.messages
         due = (now - self.last_checkpoint_t >= self.cfg.checkpoint_every_s

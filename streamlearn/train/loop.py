@@ -505,8 +505,9 @@ def _lineage(cfg: TrainConfig, stream: Stream, restored) -> Lineage:
 
 
 def _holds_reports(pipeline: Pipeline) -> bool:
-    """Delayed feedback that holds reports back from learning (ingest/feedback.py): a group's last
-    window learns them all, so it is a checkpoint even if it planned nothing new."""
+    """Delayed feedback that holds reports back from learning (ingest/feedback.py): the run's last
+    window learns them all, so it is a checkpoint even if it planned nothing new (a resize's stop
+    window, which keeps them held for the next group, checkpoints as every hand-over does)."""
     return isinstance(pipeline.labels, DelayedFeedback) and min(pipeline.labels.hold_events, pipeline.labels.hold_s) > 0
 
 

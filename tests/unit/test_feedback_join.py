@@ -329,7 +329,7 @@ def test_the_gates_pool_is_every_ranks_held_reports_in_partition_order(tmp_path)
     assert held_back(states[0] | {"p5/reported": np.array([1])}).partition.tolist() == [1, 1]  # no waiting: none
 
 
-def test_the_groups_last_window_learns_every_report_still_held_back(tmp_path):
+def test_the_runs_last_window_learns_every_report_still_held_back_and_a_resizes_hands_them_over(tmp_path):
     spec = replace(PIPELINE.labels, hold_events=10**6)
     placed, topic = _events(8, 40)
     frauds = [(e, p, o) for e, _, p, o in placed[:6]]
@@ -338,8 +338,16 @@ def test_the_groups_last_window_learns_every_report_still_held_back(tmp_path):
         PIPELINE, [m for q in sorted(topic) for m in topic[q]]), [_report(e, p, o, n) for n, (e, p, o) in
                                                                   enumerate(frauds)])
     assert feedback.pending["labels"] == 6
-    last = feedback.batch(PIPELINE, Window(1, {}, stop=True), decode_events(PIPELINE, []), [])
-    assert last.size == 6 and last.targets.tolist() == [1.0] * 6 and feedback.pending["labels"] == 0
+    # A resize's stop window hands them over held: the next group restores them from its checkpoint.
+    handed = feedback.batch(PIPELINE, Window(1, {}, checkpoint=True, stop=True, hand_over=True),
+                            decode_events(PIPELINE, []), [])
+    assert handed.size == 0 and feedback.pending["labels"] == 6
+    next_group = ReportFeedback(spec, Topic(topic), _stores(tmp_path))
+    next_group.restore(handed.join_delta, lambda q: True)
+    assert held_back(handed.join_delta).offset.tolist() == sorted(o for _, _, o in frauds[::2]) + sorted(
+        o for _, _, o in frauds[1::2])  # the gate's pool goes on in the next group
+    last = next_group.batch(PIPELINE, Window(2, {}, stop=True), decode_events(PIPELINE, []), [])
+    assert last.size == 6 and last.targets.tolist() == [1.0] * 6 and next_group.pending["labels"] == 0
 
 
 def test_a_report_held_back_is_learned_once_its_partitions_event_time_moved_on_hold_s(tmp_path):

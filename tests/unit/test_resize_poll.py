@@ -62,6 +62,7 @@ def test_the_plan_after_the_answer_stops_and_nobody_asks_again():
     poller.join(5)
     window = c.next_window()
     assert window.stop and window.checkpoint and c.resize_to == 2  # this very plan, not the next one
+    assert window.hand_over  # the run goes on in the next group: what waits stays waiting
     assert len(asked) == 3  # one answer per group: the poller asked no more once it had it
     assert c.next_window().stop  # and every later plan (none are made) would stop too
 
@@ -105,6 +106,7 @@ def test_a_drain_stops_at_the_first_empty_plan_past_its_offsets_not_at_a_leader_
             break
     assert sum(w.size for w in planned) == 3200  # nothing the topic held was left to a later run
     assert planned[-1].size == 0 and planned[-1].checkpoint  # it ends at an empty plan, at a checkpoint
+    assert not planned[-1].hand_over  # the run's end: no group restores it
     assert all(not w.stop for w in planned[:-1])
     c.close()
 
