@@ -82,3 +82,30 @@ class SharedBottleneck(load_pipeline("fraud").__class__):
 
     def build_model(self):
         return _OneAtATime(super().build_model())
+
+
+class _Slow(torch.nn.Module):
+    """A model whose training forward sleeps a fixed time in its own process: a worker learns at
+    most batch / STEP_S events a second and a second worker, with its own, adds as much again on
+    any machine (a model heavier than this host's cores, without taking them)."""
+
+    STEP_S = 0.025
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        if self.training:  # scoring (the matured signals, the gate's evidence) is not slowed
+            time.sleep(self.STEP_S)
+        return self.inner(x)
+
+
+class SlowChargebacks(load_pipeline("fraud_chargebacks").__class__):
+    """fraud_chargebacks at ~10k events/s a worker (batch 256), so that a burst asks for a second
+    worker and a resize comes while reports are held back from learning."""
+
+    name = "fraud-chargebacks-slow"
+
+    def build_model(self):
+        return _Slow(super().build_model())

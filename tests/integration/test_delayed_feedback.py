@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import statistics
+import threading
 import time
 import zlib
 from collections import Counter
@@ -27,11 +28,13 @@ import pytest
 from confluent_kafka import Producer
 
 from pipelines.banking import REPORT, UNLABELLED_TRANSACTION
+from streamlearn.autoscale.policy import ScalingPolicy
 from streamlearn.errors import BadEvent
 from streamlearn.ingest.decode import FINGERPRINT_MOD
 from streamlearn.kafka.admin import end_offsets, ensure_topics
 from streamlearn.loadgen.generator import run_load
 from streamlearn.loadgen.labels import LabelPlan, encode_label, parse_label_delay
+from streamlearn.loadgen.profiles import parse_profile
 from streamlearn.rundir import checkpoint as ckpt
 from streamlearn.schema import reason_code
 from streamlearn.train.trainer import run_dir, train
@@ -191,3 +194,63 @@ def test_chargebacks_are_applied_exactly_once_through_a_worker_kill_and_a_resume
     new_letters = Counter(code for at, code in again["want"]["letters"].items() if at not in meta["want"]["letters"])
     assert new_letters == reasons and again["counters"]["ignored"] == meta["counters"]["ignored"] + 1
     assert again["counters"]["learned"] > meta["counters"]["learned"] + 2_000
+
+
+@pytest.mark.timeout(900)
+def test_a_warm_resize_hands_the_reports_held_back_to_the_next_group(kafka, kafka_settings, ray_cluster, topic,
+                                                                    tmp_path):
+    """A burst asks for a second worker while reports are held back from learning (the gate's
+    evidence): the old group's stop window leaves them held in its checkpoint, the new group
+    restores them and its first checkpoint's evidence still has them; every report applied once."""
+    ensure_topics(kafka_settings, {f"{topic}.labels": 4})
+    cfg = config(tmp_path, topic, pipeline="tests.integration.models:SlowChargebacks", workers=1, until_idle_s=6.0,
+                 checkpoint_every_s=2.0, checkpoint_every_steps=200, window_events=4096, batch_size=256,
+                 keep_checkpoints=1000)
+    # ~10k events/s a worker (models.SlowChargebacks): 80k events are ~8 s of one worker's learning
+    # against a drain target of 4, so the policy asks for 2; a trickle goes on until 10 s after the
+    # resize, so the new group checkpoints before its idle stop (which learns every held report):
+    # 1,250 events a partition, where a report is held for 4,096 or 60 s.
+    policy = ScalingPolicy(min_workers=1, max_workers=2, up_cooldown_s=3, down_cooldown_s=3600, target_drain_s=4,
+                           capacity_floor=2000, normal_lag_s=cfg.checkpoint_every_s, warm_wait_s=240,
+                           curve_memory_s=0)
+    resizes = run_dir(cfg) / "resizes.jsonl"
+    stop = threading.Event()
+
+    def produce():
+        run_load(kafka.bootstrap, topic, partitions=4, count=80_000, seed=71, labels=CHARGEBACKS)
+        chunk, give_up = 72, time.monotonic() + 540
+        while not stop.is_set() and time.monotonic() < give_up:
+            if resizes.exists():
+                give_up = min(give_up, time.monotonic() + 10)
+            run_load(kafka.bootstrap, topic, partitions=4, profile=parse_profile("constant:500"), duration=3,
+                     seed=chunk, labels=CHARGEBACKS)
+            chunk += 1
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        summary = train(cfg, kafka_settings, scaling=policy)
+    finally:
+        stop.set()
+        producer.join(timeout=60)
+
+    done = [json.loads(row) for row in resizes.read_text().splitlines()]
+    assert [(r["from"], r["to"]) for r in done][:1] == [(1, 2)], done
+    history = [json.loads(row) for row in (run_dir(cfg) / "history.jsonl").read_text().splitlines()]
+    first_of_two = next(i for i, row in enumerate(history) if row["workers"] == 2)
+    handed, taken = (ckpt_of(cfg, history[i]["version"]) for i in (first_of_two - 1, first_of_two))
+    # The old group's last checkpoint kept its reports held (a run's end would have learned them) ...
+    arrays = ckpt.load_arrays(handed)
+    waiting = {(int(name[1:].split("/")[0]), int(o)) for name, a in arrays.items() if name.endswith("/waiting.place")
+               for o in a[:, 1]}
+    assert waiting, "the stop window of the resize learned every held report"
+    # ... and the new group judged its first candidate on them (those not due yet).
+    evidence = ckpt.load_evidence(taken)
+    named = set(zip(evidence["partition"].tolist(), evidence["offset"].tolist(), strict=True))
+    assert named & waiting, (len(waiting), len(named))
+    meta = assert_feedback_exactly_once(kafka_settings, cfg)
+    assert summary["lineage_learned"] == meta["counters"]["learned"] and meta["want"]["applied"] > 100
+
+
+def ckpt_of(cfg, version: int):
+    return dict(ckpt.list_checkpoints(run_dir(cfg)))[version]
