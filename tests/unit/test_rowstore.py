@@ -169,7 +169,8 @@ def test_a_window_is_written_by_the_stores_thread_and_its_rows_read_meanwhile_fr
     assert store.get(0, [1], row_ids(["another event"])) == [None] and writes == []  # an id not its own
     threading.Timer(0.2, release.set).start()
     store.add(np.zeros(2, np.int64), np.array([8, 9], np.int64), keys[4:], crcs[4:], x[4:])
-    assert writes == [0]  # the first window's write, done before the second was laid out
+    # the first window's write, done before the second was laid out (which, the disk released, may be done too)
+    assert writes[:1] == [0]
     store.close()
     assert writes == [0, 8 * store.dtype.itemsize]
     assert [f is not None for f in RowStore(tmp_path, 5).get(0, [1, 2, 4], row_ids(["0-1", "x", "0-3"]))] == \
