@@ -70,9 +70,9 @@ class WorkerStream:
         spec = pipeline.labels
         self.label_topic = topic + spec.suffix if spec else None
         self.label_reader = RangeReader(settings, self.label_topic, group_id) if spec else None
-        # Matured negatives only on rank 0, where the drift detectors and the gate's evidence are.
+        # Matured negatives on every rank: each judges its own partitions' (train/learner.py).
         self.join = make_join(pipeline, settings, topic, group_id, len(self.reader.partitions()),
-                              rows_dir, matured=rank == 0) if spec else None
+                              rows_dir) if spec else None
 
     lookahead = lookahead_at_pace = 1  # windows planned and reading beyond the one being learned
 

@@ -81,9 +81,10 @@ class Learner:
         return steps, loss_sum, learned_fp
 
     def judge_matured(self, batch: Batch) -> None:
-        """Delayed feedback, rank 0, before the window is learned: its reports and the events that
-        matured unreported in it (never learned: ingest/maturing.py), scored together by the model
-        as it stands, to the signals that judge on matured labels (drift.Watch)."""
+        """Delayed feedback, every rank, before its slice is learned: the slice's reports and the events
+        that matured unreported in it (never learned: ingest/maturing.py), scored together by the
+        model as it stands, to the signals that judge on matured labels (drift.Watch: the matured
+        metric, which a checkpoint gathers from every rank; on rank 0 the drift detectors too)."""
         reported = batch.targets != self.recent.silent  # a report's label is final as it comes
         matured = batch.matured if batch.matured is not None else batch.features[:0]
         features = np.concatenate([batch.features[reported], matured])

@@ -151,7 +151,8 @@ class Worker:
         drift = for_pipeline(pipeline, feature_width(pipeline)) if rank == 0 and cfg.drift else None
         evidence = EvidenceSampler(cfg.gate_evidence) if rank == 0 and cfg.gate_evidence else None
         # With delayed feedback those judge on matured labels only (drift.Watch, ingest/maturing.py).
-        silent = pipeline.labels.unlabelled_as if rank == 0 and isinstance(pipeline.labels, DelayedFeedback) else None
+        # Every rank judges its own slice's matured rows; the matured metric gathers them all.
+        silent = pipeline.labels.unlabelled_as if isinstance(pipeline.labels, DelayedFeedback) else None
         recent = Watch(cfg.metric_window, drift, lambda alarm: _drift_alarm(pipeline, alarm), evidence, silent)
         learner = Learner(model, optimizer, pipeline, ray.train.torch.get_device(), recent, phases,
                           per_window=cfg.sync == "window")
@@ -245,7 +246,8 @@ class Worker:
             self.stream.dead_letters.flush()
         with phases("checkpoint.sum_counters"):
             summed = _sum_counters(accrued.counters, accrued.loss)
-            windows = _gather((*recent.arrays(), self.stream.dead_letters.written))
+            matured = (*recent.matured.arrays(), recent.matured_age_s) if recent.matured is not None else None
+            windows = _gather((*recent.arrays(), matured, self.stream.dead_letters.written))
         with phases("checkpoint.join_state"):  # every rank's join-state delta, pickled to rank 0
             join_state = _gather_to_rank0(join_delta) if self.pipeline.labels else None
         lineage.totals.add(summed[0])
@@ -269,7 +271,7 @@ class Worker:
         targets = np.concatenate([w[1] for w in windows])
         metrics["online"] = summarize(pipeline.task, scores, targets)
         if recent.matured is not None:
-            metrics["matured"] = _matured(pipeline.task, recent)
+            metrics["matured"] = _matured(pipeline.task, [w[2] for w in windows])
         # every rank's join state, one dict: its arrays are named by partition
         join = {name: a for part in join_state for name, a in (part or {}).items()} if join_state is not None else None
         if recent.silent is not None and recent.evidence is not None and join is not None:
@@ -426,14 +428,16 @@ def _stream_class(cfg: TrainConfig, gen: int):
     return WorkerStream
 
 
-def _matured(task: str, recent: Watch) -> dict:
-    """Delayed feedback: rank 0's newest matured rows (reports, and a sample of the events that
-    matured unreported), scored by the model of their window. AUC only: the sample's fraud share
-    is not the stream's, so log loss and calibration on it would mislead."""
-    scores, targets = recent.matured.arrays()
+def _matured(task: str, ranks: list[tuple[np.ndarray, np.ndarray, float | None]]) -> dict:
+    """Delayed feedback: every rank's newest matured rows (reports, and a sample of the events that
+    matured unreported), each scored by the model of its window, and the oldest of the ranks' ages
+    of them. AUC only: the sample's fraud share is not the stream's, so log loss and calibration
+    on it would mislead."""
+    scores, targets = np.concatenate([r[0] for r in ranks]), np.concatenate([r[1] for r in ranks])
     summary = summarize(task, scores, targets)
+    ages = [r[2] for r in ranks if r[2] is not None]
     return {"window": summary["window"], "positives": int((targets > 0.5).sum()), "auc": summary.get("auc"),
-            "age_s": None if recent.matured_age_s is None else round(recent.matured_age_s, 1)}
+            "age_s": round(max(ages), 1) if ages else None}
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
