@@ -157,15 +157,13 @@ class ReportFeedback:
     reports held until their event is learned, and the rows of the events it learned (`rows`;
     None: every report's event is re-read)."""
 
-    def __init__(self, spec: DelayedFeedback, lookup: EventLookup, rows: RowStore | None = None,
-                 matured: bool = True):
+    def __init__(self, spec: DelayedFeedback, lookup: EventLookup, rows: RowStore | None = None):
         self.spec, self.lookup, self.rows = spec, lookup, rows
         # The events that matured unreported, for the quality signals (maturing.py): read back
-        # from the row store, so none without one; `matured` False: marks kept, no rows read.
-        # Every rank keeps the marks (a few KB in each checkpoint), so a partition a resize hands
-        # to a new rank 0 matures from its checkpoint, not one whole attribution window later.
+        # from the row store, so none without one. The marks are in each checkpoint (a few KB),
+        # so a partition a resize hands to another rank matures from its checkpoint, not one
+        # whole attribution window later.
         self.maturing = Maturing(spec.ttl_s) if rows is not None else None
-        self.judged = matured
         self.clocks: dict[int, float] = {}  # event partition -> its newest learned event's Kafka time (s)
         self.reported: dict[int, set[int]] = {}  # event partition -> offsets whose report was applied
         # Event partition -> where its learned events end. A report for an event past it waits
@@ -230,17 +228,13 @@ class ReportFeedback:
             crcs.append(np.array([r.crc for r in rows], np.uint32))
         bad_labels = [(Message(label_messages[i].partition(), label_messages[i].offset(), values[i]), reason)
                       for i, reason in sorted(refused)]
-        matured = None
-        if self.maturing is not None and self.judged:
-            matured = self.maturing.sample(self.rows, self.clocks, self.reported)
-        elif self.maturing is not None:
-            self.maturing.advance(self.clocks)  # nothing judged here: the marks that matured go
+        matured = self.maturing.sample(self.rows, self.clocks, self.reported) if self.maturing is not None else None
         # No report applied: the window's own arrays, as inline labels give them, not a copy.
         joined = (x[0], y[0], crcs[0]) if len(x) == 1 else (np.concatenate(x), np.concatenate(y), np.concatenate(crcs))
         return Batch(window, *joined, events.dead,
                      bad_labels=bad_labels, defaulted=len(events.y), ignored=ignored,
                      join_delta=self.delta() if window.checkpoint else None, matured=matured,
-                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing and self.judged else None)
+                     matured_age_s=self.maturing.age_s(self.clocks) if self.maturing else None)
 
     def _release(self, everything: bool) -> list[list[Waiting]]:
         """Each partition's reports whose hold is over (`everything`: the run's last window, which
@@ -442,14 +436,14 @@ def held_back(join: dict[str, np.ndarray]) -> Pool | None:
 
 
 def make_join(pipeline: Pipeline, settings: KafkaSettings, topic: str, group_id: str, partitions: int,
-              rows_dir: Path | None = None, matured: bool = True):
+              rows_dir: Path | None = None):
     """What a rank (or a Ray Data lane) joins its labels topic with: the join of labels that come
     within a TTL (LabelJoin), or delayed feedback's reports (ReportFeedback: events found in a row
-    store under `rows_dir`, the run's, else re-read from `topic`; `matured`: whether its windows
-    carry matured negatives for the quality signals, maturing.py)."""
+    store under `rows_dir`, the run's, else re-read from `topic`; its windows carry matured
+    negatives for the quality signals, maturing.py)."""
     spec = pipeline.labels
     if isinstance(spec, DelayedFeedback):
         x0 = np.asarray(featurize(pipeline, [], [], [])[0])
         rows = RowStore(rows_dir, x0.shape[1], x0.dtype) if rows_dir is not None else None
-        return ReportFeedback(spec, EventLookup(settings, topic, group_id), rows, matured)
+        return ReportFeedback(spec, EventLookup(settings, topic, group_id), rows)
     return LabelJoin(spec, feature_width(pipeline), partitions)

@@ -73,11 +73,6 @@ class Maturing:
         self.matured_to[p] = end
         return start, end
 
-    def advance(self, clocks: dict[int, float]) -> None:
-        """`sample`'s bookkeeping, reading nothing (a rank that judges none keeps its partitions'
-        marks and draws for the rank 0 a resize may hand them to)."""
-        self._draw(clocks)
-
     def sample(self, rows: RowStore, clocks: dict[int, float], reported: dict[int, set[int]],
                size: int = SAMPLE) -> np.ndarray | None:
         """Features of up to `size` events that matured unreported by `clocks` (partition -> event

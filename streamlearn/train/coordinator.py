@@ -81,7 +81,7 @@ class Coordinator:
         idle = self._idle_stop(highs)
         resize = not idle and self._resize_due()  # a run that ends asks the controller nothing
         window = self.planner.next(highs or {}, label_highs=self._label_highs if highs else None, stop=idle or resize)
-        if window.stop and resize and not idle:
+        if window.stop and resize:
             window = replace(window, hand_over=True)
         self._last_empty = window.messages == 0
         self.planned_since_checkpoint += window.messages
