@@ -196,7 +196,7 @@ class Worker:
     def run(self) -> None:
         """Window after window, each read while the one before it trains, until one says stop."""
         readahead = ReadAhead(self.stream, self.coordinator, self.rank, self.phases, self.startup,
-                              self.cfg.window_events)
+                              self.cfg.window_for(self.world))
         readahead.fill()
         self.startup.mark("first_window_planned")
         while True:
@@ -331,7 +331,7 @@ class ReadAhead:
     def __init__(self, stream: Stream, coordinator: Coordinator | None, rank: int, phases: Phases,
                  startup: Startup, full_window: int):
         self.stream, self.coordinator, self.rank, self.phases, self.startup = stream, coordinator, rank, phases, startup
-        self.full_window = full_window  # events in a window planned behind a backlog (window_events)
+        self.full_window = full_window  # events in a window planned behind a backlog (cfg.window_for)
         self.ahead: deque[tuple[Window, Any]] = deque()  # (window, its read under way)
         self.last: Window | None = None
 
@@ -521,7 +521,7 @@ def _coordinator(cfg: TrainConfig, stream: Stream, lineage: Lineage, world: int,
     consumed = lineage.consumed() - consumed_at_start
     budget = None if cfg.max_events is None else max(0, cfg.max_events - consumed)
     labels = dict(lineage.label_positions) if lineage.label_positions is not None else None
-    planner = WindowPlanner(dict(lineage.positions), cfg.window_events, budget=budget, world=stream.read_lanes,
+    planner = WindowPlanner(dict(lineage.positions), cfg.window_for(world), budget=budget, world=stream.read_lanes,
                             label_positions=labels)
     return Coordinator(cfg, stream.reader, planner, expected_steps_per_event=1.0 / (cfg.batch_size * world),
                        world=world, controller=controller, label_reader=getattr(stream, "label_reader", None),

@@ -82,3 +82,31 @@ def test_labels_backlog_drains_at_the_events_pace_then_at_its_own():
     assert planner.next(events, label_highs=labels).label_size == 1000
     # The stop window reads nothing.
     assert planner.next(events, label_highs={0: 9000, 1: 9000}, stop=True).label_size == 0
+
+
+def test_behind_a_backlog_each_rank_of_a_group_past_two_gets_half_a_window_between_averages():
+    """The group's coordinator (train/loop._coordinator, what rank 0 builds) plans `window_events`
+    for 1 or 2 ranks and half of it a rank beyond: with --sync window each window ends in an
+    average of the ranks' weights, and a fixed window split 4 ways averaged twice as often per
+    event (docs/BENCHMARKS.md, "What a worker costs")."""
+    from types import SimpleNamespace
+
+    from streamlearn.config import TrainConfig
+    from streamlearn.train.lineage import Lineage
+    from streamlearn.train.loop import _coordinator
+
+    class Backlog:  # 8 partitions, each far behind
+        def partitions(self):
+            return list(range(8))
+
+        def watermarks(self, partitions):
+            return {p: (0, 10**9) for p in partitions}
+
+    def planned(world: int, **cfg) -> int:
+        stream = SimpleNamespace(reader=Backlog(), read_lanes=world)
+        lineage = Lineage(topic="t", start_offsets={p: 0 for p in range(8)}, positions={p: 0 for p in range(8)})
+        coordinator = _coordinator(TrainConfig(topic="t", workers=world, **cfg), stream, lineage, world, None, 0)
+        return coordinator.next_window().size
+
+    assert [planned(w) for w in (1, 2, 3, 4, 8)] == [8192, 8192, 12288, 16384, 32768]
+    assert [planned(w, window_events=1000) for w in (2, 4)] == [1000, 2000]  # a chosen size scales alike
