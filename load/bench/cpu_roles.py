@@ -130,6 +130,8 @@ def profiled_run(bootstrap: str, n: int, home, ingest: str, workers: int = 2, **
     startup = cpu.between(cpu.started, steady_from)
     total = sum(cpu.seconds.values())
     return {"ingest": ingest, "steady_events_per_s": run["steady_events_per_s"], "wall_s": cpu.wall_s,
+            "auc_mean": run["auc_mean"], "logloss_mean": run["logloss_mean"],
+            "first_window_events": run["startup_s"]["first_window_events"],
             "steady_s": run["steady_s"], "first_step_s": run["first_step_s"],
             "cpu_s": total, "cores_busy": total / cpu.wall_s, "cpu_s_by_role": cpu.seconds,
             "steady_cores_busy": sum(steady.values()) / run["steady_s"], "steady_cpu_s_by_role": steady,
@@ -144,7 +146,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--labels", action="store_true", help="inline against joined labels, 1 and 2 workers")
-    parser.add_argument("--workers", action="store_true", help="1 against 2 workers, both sync modes (issue 48)")
+    parser.add_argument("--workers", action="store_true", help="1, 2 and 4 workers, both sync modes (issue 48)")
     args = parser.parse_args()
     if args.workers:
         report_workers(args.events, alternating_rounds(
@@ -168,7 +170,13 @@ LABEL_CONTENDERS = {"inline-1": {"workers": 1}, "delayed-1": {"workers": 1, **JO
 
 
 WORKER_CONTENDERS = {"1-worker": {"workers": 1}, "2-workers": {"workers": 2},
-                     "2-workers-sync-step": {"workers": 2, "sync": "step"}}
+                     "2-workers-sync-step": {"workers": 2, "sync": "step"},
+                     # 4 ranks on 2 cores: their rate says little here, their CPU per event what a worker
+                     # costs where each has its cores. The same window as 2 workers' (8,192: window_events
+                     # 4,096 at 4 ranks, TrainConfig.window_for) is what 4 workers had before half a window a
+                     # rank; DDP is the learning baseline at the same size.
+                     "4-workers": {"workers": 4}, "4-workers-window-8192": {"workers": 4, "window_events": 4096},
+                     "4-workers-sync-step": {"workers": 4, "sync": "step"}}
 
 
 def contender_table(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
@@ -227,29 +235,40 @@ def report_labels(n: int, runs: dict[str, list[dict]]) -> None:
 
 
 def report_workers(n: int, runs: dict[str, list[dict]]) -> None:
-    """What a second worker costs: CPU per 1,000 events learned with 1 and 2 workers (issue 48's
-    machine-independent measure: on a cluster each worker has cores of its own), both sync modes."""
+    """What a worker costs: CPU per 1,000 events learned with 1, 2 and 4 workers (issue 48's
+    machine-independent measure: on a cluster each worker has cores of its own), both sync modes,
+    and 4 workers with the window 2 share; each --sync window contender's AUC against DDP's."""
     figures, table = contender_table(runs)
     total, rate = figures["steady_cpu_ms_per_1k_events"], figures["steady_events_per_s"]
-    figures = {"benchmark": "cpu_workers", "events": n, **figures,
-               "cpu_ratio_2_vs_1_worker": total["2-workers"] / total["1-worker"],
-               "cpu_ratio_2_sync_step_vs_1_worker": total["2-workers-sync-step"] / total["1-worker"],
-               "rate_ratio_2_vs_1_worker": rate["2-workers"] / rate["1-worker"],
-               "rate_ratio_2_sync_step_vs_1_worker": rate["2-workers-sync-step"] / rate["1-worker"]}
+    auc, logloss = ({name: statistics.median(r[key] for r in rs) for name, rs in runs.items()}
+                    for key in ("auc_mean", "logloss_mean"))
+    ddp = {name: f"{name.split('-')[0]}-workers-sync-step" for name in runs if name != "1-worker"}
+    figures = {"benchmark": "cpu_workers", "events": n, **figures, "auc_mean": auc, "logloss_mean": logloss,
+               "first_window_events": {name: [r["first_window_events"] for r in rs] for name, rs in runs.items()},
+               "cpu_ratio_vs_1_worker": {name: total[name] / total["1-worker"] for name in runs},
+               "rate_ratio_vs_1_worker": {name: rate[name] / rate["1-worker"] for name in runs},
+               "auc_vs_sync_step": {name: auc[name] - auc[base] for name, base in ddp.items() if name != base}}
     write_json("cpu_workers", figures)
-    f = figures
-    write_section("cpu_workers", "What a second worker costs: CPU per 1,000 events, 1 and 2 workers (issue 48)",
+    cpu, vs_ddp = figures["cpu_ratio_vs_1_worker"], figures["auc_vs_sync_step"]
+    write_section("cpu_workers", "What a worker costs: CPU per 1,000 events, 1, 2 and 4 workers (issue 48)",
                   "\n".join([
-                      f"{n:,} fraud events, direct ingest, default settings (`--sync window`) with 1 and 2 workers, "
-                      f"and 2 workers with `--sync step` (DDP); every contender once per round, medians of "
-                      f"{len(runs['1-worker'])} runs. CPU sampled as above; steady part only. {machine_line()}",
+                      f"{n:,} fraud events, direct ingest, default settings (`--sync window`) with 1, 2 and 4 "
+                      f"workers, 4 workers with the window 2 workers share (8,192 events, what 4 had before "
+                      f"`TrainConfig.window_for`), and 2 and 4 workers with `--sync step` (DDP, the learning "
+                      f"baseline); every contender once per round, medians of {len(runs['1-worker'])} runs. CPU "
+                      f"sampled as above; steady part only. 4 workers on 2 cores share them: their rate says "
+                      f"little, their CPU per event what a worker costs where each has cores of its own. "
+                      f"{machine_line()}",
                       "",
                       *table,
                       "",
-                      f"CPU per 1,000 events learned, 2 workers against 1: **{f['cpu_ratio_2_vs_1_worker']:.2f}x** "
-                      f"with `--sync window` (bar 1.15x), {f['cpu_ratio_2_sync_step_vs_1_worker']:.2f}x with "
-                      f"`--sync step`. Learned rate, 2 workers against 1: {f['rate_ratio_2_vs_1_worker']:.2f}x / "
-                      f"{f['rate_ratio_2_sync_step_vs_1_worker']:.2f}x.",
+                      f"CPU per 1,000 events learned against 1 worker: 2 workers **{cpu['2-workers']:.2f}x** (bar "
+                      f"1.15x), 4 workers **{cpu['4-workers']:.2f}x** ({cpu['4-workers-window-8192']:.2f}x with "
+                      f"2 workers' window); DDP {cpu['2-workers-sync-step']:.2f}x / "
+                      f"{cpu['4-workers-sync-step']:.2f}x. Prequential AUC (mean over each run's checkpoints) "
+                      f"against DDP at the same size: 2 workers {vs_ddp['2-workers']:+.4f}, 4 workers "
+                      f"{vs_ddp['4-workers']:+.4f} ({vs_ddp['4-workers-window-8192']:+.4f} with 2 workers' "
+                      f"window; bar: within 0.005).",
                   ]))
 
 

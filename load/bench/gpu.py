@@ -4,12 +4,14 @@ NCCL, the model and every batch on CUDA), against the plain loop, in the same ru
 
     python -m load.bench.gpu [--events 1200000] [--runs 3]   # a 16-core, 1-GPU machine
     python -m load.bench.gpu --workers 1,4 --skip kill,baseline-cuda,nccl-1,ray-data-4x4,ray-data-4x8,ray-data-nccl-1
-        # ^ 3 rounds in ~6.5 minutes on the H200 (2026-12-04); then --workers= --skip kill,baseline-cuda --events 600000
+        # ^ 3 rounds in ~6.5 minutes on the H200 (2026-12-04) without gloo-4-window-8192 (new since; ~40 s a
+        # round more); then --workers= --skip kill,baseline-cuda --events 600000
     python -m load.bench.gpu --cpu-only --workers 1,2 --events 20000 --runs 1 --out DIR   # its test here
 
 Contenders, one run each per round (as in ingest.py): the single-process baseline on the CPU
 (ingest.py's loop) and the same loop with its model on CUDA; streamlearn with 1, 2, 4 and 8 gloo
-workers (the default sync, `--sync window`), `--ingest ray-data` with 4 (2 lanes, the default; 4 and
+workers (the default sync, `--sync window`; gloo-4-window-8192: 4 with the window 2 share, as before
+`TrainConfig.window_for`), `--ingest ray-data` with 4 (2 lanes, the default; 4 and
 8), and 1 NCCL worker (one GPU is one rank: NCCL refuses two ranks on one device) reading directly
 and through Ray Data (`ray-data-nccl-1`: what `--ingest auto` chooses for GPU trainers). GPU use is
 sampled with nvidia-smi while each run lasts, so a run that silently trained on the CPU would show it.
@@ -78,6 +80,9 @@ def gpu_sampled(out: dict):
 
 CONTENDERS = {"baseline-cpu": {"device": "cpu"}, "baseline-cuda": {"device": "cuda"},
               **{f"gloo-{n}": {"workers": n} for n in (1, 2, 4, 8)},
+              # 4 workers with the window 2 share (8,192 events), what gloo-4 had before
+              # TrainConfig.window_for gave a group past 2 half a window a rank: the change, measured there.
+              "gloo-4-window-8192": {"workers": 4, "window_events": 4096},
               "ray-data-4": {"workers": 4, "ingest": "ray-data"},
               "ray-data-4x4": {"workers": 4, "ingest": "ray-data", "read_lanes": 4},
               "ray-data-4x8": {"workers": 4, "ingest": "ray-data", "read_lanes": 8},
@@ -91,7 +96,7 @@ BARS = {"gloo_4_vs_1": 3.2, "ray_data_vs_direct_4": 1.0}  # issue 48, on the 16-
 
 def contenders(workers: list[int], cpu_only: bool, skip: frozenset[str] = frozenset()) -> list[str]:
     gloo = [f"gloo-{n}" for n in workers]
-    lanes = ["ray-data-4", "ray-data-4x4", "ray-data-4x8"] if 4 in workers else []
+    lanes = ["gloo-4-window-8192", "ray-data-4", "ray-data-4x4", "ray-data-4x8"] if 4 in workers else []
     wanted = ["baseline-cpu", "baseline-cuda", *gloo, *lanes, "nccl-1", "ray-data-nccl-1"]
     return [name for name in wanted if name in CONTENDERS and name not in skip and not (cpu_only and name in CUDA)]
 

@@ -409,15 +409,24 @@ def cpu_labels(d: dict) -> str:
 
 
 def cpu_workers(d: dict) -> str:
-    names = list(d["steady_events_per_s"])
-    cpu, bar = d["cpu_ratio_2_vs_1_worker"], INGEST_BARS["cpu_two_vs_one"]
-    rows = [["learned events/s (steady)", *(num(d["steady_events_per_s"][n]) for n in names)],
-            ["cores busy", *(num(d["steady_cores_busy"][n], ".2f") for n in names)],
-            ["CPU ms per 1,000 events, all", *(num(d["steady_cpu_ms_per_1k_events"][n], ".1f") for n in names)],
-            [f"CPU per event against 1 worker (issue 48: 2 workers ≤ {bar}×)", "1.00×",
-             f"{ratio(cpu)}, {met(cpu <= bar)}", ratio(d["cpu_ratio_2_sync_step_vs_1_worker"])]]
-    lines = table(["medians", *names], rows)
-    lines += ["", f"{d['events']:,} events, direct ingest, {len(d['runs'][names[0]])} runs of each."]
+    bar, auc_bar = INGEST_BARS["cpu_two_vs_one"], INGEST_BARS["auc_vs_step"]
+    cpu, vs_ddp = d["cpu_ratio_vs_1_worker"], d["auc_vs_sync_step"]
+
+    def against_one(name: str) -> str:
+        return f"{ratio(cpu[name])}, {met(cpu[name] <= bar)}" if name == "2-workers" else ratio(cpu[name])
+
+    def against_ddp(name: str) -> str:
+        delta = vs_ddp.get(name)
+        return "" if delta is None else f"{delta:+.4f}, {met(delta >= -auc_bar)}"
+
+    rows = [[f"`{name}`", num(d["steady_events_per_s"][name]), num(d["steady_cores_busy"][name], ".2f"),
+             num(d["steady_cpu_ms_per_1k_events"][name], ".1f"), against_one(name),
+             num(d["auc_mean"][name], ".4f"), num(d["logloss_mean"][name], ".4f"), against_ddp(name)]
+            for name in d["steady_events_per_s"]]
+    lines = table(["medians", "learned events/s (steady)", "cores busy", "CPU ms per 1,000 events",
+                   f"CPU per event ÷ 1 worker (issue 48: 2 workers ≤ {bar}×)", "prequential AUC", "log loss",
+                   f"AUC − DDP's, same workers (issue 48: within {auc_bar})"], rows, "lrrrrrrr")
+    lines += ["", f"{d['events']:,} events, direct ingest, {len(d['runs']['1-worker'])} runs of each."]
     return with_machine(lines, d)
 
 
