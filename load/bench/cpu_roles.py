@@ -151,8 +151,8 @@ def main() -> None:
     if args.workers:
         report_workers(args.events, alternating_rounds(
             args.events, args.runs, list(WORKER_CONTENDERS),
-            run_one=lambda bootstrap, n, home, name: profiled_run(bootstrap, n, home, "direct",
-                                                                    **WORKER_CONTENDERS[name])))
+            run_one=lambda bootstrap, n, home, name: profiled_run(bootstrap, n, home,
+                                                                    **{"ingest": "direct", **WORKER_CONTENDERS[name]})))
         return
     if args.labels:
         report_labels(args.events, alternating_rounds(
@@ -176,7 +176,10 @@ WORKER_CONTENDERS = {"1-worker": {"workers": 1}, "2-workers": {"workers": 2},
                      # 4,096 at 4 ranks, TrainConfig.window_for) is what 4 workers had before half a window a
                      # rank; DDP is the learning baseline at the same size.
                      "4-workers": {"workers": 4}, "4-workers-window-8192": {"workers": 4, "window_events": 4096},
-                     "4-workers-sync-step": {"workers": 4, "sync": "step"}}
+                     "4-workers-sync-step": {"workers": 4, "sync": "step"},
+                     # Ray Data's cost is per window and block (DECISIONS §1): at both windows too.
+                     "4-workers-ray-data": {"workers": 4, "ingest": "ray-data"},
+                     "4-workers-ray-data-window-8192": {"workers": 4, "ingest": "ray-data", "window_events": 4096}}
 
 
 def contender_table(runs: dict[str, list[dict]]) -> tuple[dict, list[str]]:
@@ -252,10 +255,11 @@ def report_workers(n: int, runs: dict[str, list[dict]]) -> None:
     cpu, vs_ddp = figures["cpu_ratio_vs_1_worker"], figures["auc_vs_sync_step"]
     write_section("cpu_workers", "What a worker costs: CPU per 1,000 events, 1, 2 and 4 workers (issue 48)",
                   "\n".join([
-                      f"{n:,} fraud events, direct ingest, default settings (`--sync window`) with 1, 2 and 4 "
+                      f"{n:,} fraud events, default settings (direct ingest, `--sync window`) with 1, 2 and 4 "
                       f"workers, 4 workers with the window 2 workers share (8,192 events, what 4 had before "
-                      f"`TrainConfig.window_for`), and 2 and 4 workers with `--sync step` (DDP, the learning "
-                      f"baseline); every contender once per round, medians of {len(runs['1-worker'])} runs. CPU "
+                      f"`TrainConfig.window_for`), 2 and 4 workers with `--sync step` (DDP, the learning "
+                      f"baseline), and `--ingest ray-data` at 4 workers with either window; every contender "
+                      f"once per round, medians of {len(runs['1-worker'])} runs. CPU "
                       f"sampled as above; steady part only. 4 workers on 2 cores share them: their rate says "
                       f"little, their CPU per event what a worker costs where each has cores of its own. "
                       f"{machine_line()}",
@@ -268,7 +272,11 @@ def report_workers(n: int, runs: dict[str, list[dict]]) -> None:
                       f"{cpu['4-workers-sync-step']:.2f}x. Prequential AUC (mean over each run's checkpoints) "
                       f"against DDP at the same size: 2 workers {vs_ddp['2-workers']:+.4f}, 4 workers "
                       f"{vs_ddp['4-workers']:+.4f} ({vs_ddp['4-workers-window-8192']:+.4f} with 2 workers' "
-                      f"window; bar: within 0.005).",
+                      f"window; bar: within 0.005). Ray Data at 4 workers: "
+                      f"{total['4-workers-ray-data'] / total['4-workers']:.2f}x the direct path's CPU per event "
+                      f"({total['4-workers-ray-data-window-8192'] / total['4-workers-window-8192']:.2f}x at 2 "
+                      f"workers' window), learned at {rate['4-workers-ray-data'] / rate['4-workers']:.2f}x its rate "
+                      f"({rate['4-workers-ray-data-window-8192'] / rate['4-workers-window-8192']:.2f}x).",
                   ]))
 
 
