@@ -56,8 +56,8 @@ def assert_exactly_once(settings, cfg: TrainConfig) -> dict:
     expected = expected_learning(messages)
     counters = meta["counters"]
     assert {int(p): o for p, o in meta["offsets"].items()} == end_offsets(settings, cfg.topic)
-    assert counters["learned"] == expected["learned"]
-    assert counters["dead_lettered"] == expected["dead_lettered"]
+    assert counters["learned"] == expected["learned"], lineage_trail(cfg)
+    assert counters["dead_lettered"] == expected["dead_lettered"], lineage_trail(cfg)
     consumed = sum(meta["offsets"][p] - meta["start_offsets"][p] for p in meta["offsets"])
     assert counters["learned"] == consumed - counters["dead_lettered"]
     # The fingerprint (sum of crc32 of learned events) catches an event learned twice and another missed.
@@ -71,6 +71,26 @@ def assert_exactly_once(settings, cfg: TrainConfig) -> dict:
     # Consumer-group offsets follow the checkpoint (committed only after it is durable).
     assert committed_offsets(settings, cfg.group_id, cfg.topic) == {int(p): o for p, o in meta["offsets"].items()}
     return meta
+
+
+def lineage_trail(cfg: TrainConfig) -> str:
+    """What a failed count needs to be told apart (2026-12-05: once, a Ray Data run's checkpoint moved past
+    one rank's slice of a window uncounted): each checkpoint left on disk with what it restored from,
+    when it was written and what it counted, and every worker failure Ray Train recorded."""
+    directory = run_dir(cfg)
+    lines = []
+    for version, path in ckpt.list_checkpoints(directory):
+        m = ckpt.read_meta(path)
+        lines.append(f"v{version} from {m.get('restored_from')} at {m.get('written_at')}: learned "
+                     f"{m['counters']['learned']} dead {m['counters']['dead_lettered']} offsets {m['offsets']}")
+    failures = directory / "failures.jsonl"
+    for line in failures.read_text().splitlines() if failures.exists() else []:
+        f = json.loads(line)
+        lines.append(f"failure at {f.get('t')}: rank {f.get('rank')} gen {f.get('gen')} v{f.get('version')} "
+                      f"{f.get('error')}")
+    marks = directory / ".faults"
+    lines += [f"fault {p.name} at {p.stat().st_mtime}" for p in sorted(marks.iterdir())] if marks.exists() else []
+    return "\n".join(lines)
 
 
 # Worker kills, a stream pause and a resumed run: tests/integration/test_faults.py.
