@@ -192,8 +192,6 @@ class TrainConfig:
         """The most events a window holds for a group of `world` ranks: `window_events` up to 2 ranks,
         then half of it a rank. Under --sync window a window ends in an average of every rank's
         weights, so splitting the same window 4 ways would average twice as often per event as 2 do
-        (its collectives, and every rank waiting for the slowest): 4 workers spent 1.55x one worker's
-        CPU per event so, 1.29x with half a window a rank, and learned as well (docs/BENCHMARKS.md,
-        "What a worker costs"). More events a rank between averages (a whole window each: 1.19x) let
-        the ranks' models drift further apart: prequential AUC 0.009 under DDP's."""
+        (its collectives, and every rank waiting for the slowest). More events a rank between averages
+        let the ranks' models drift further apart. The figures for both: DECISIONS §2."""
         return self.window_events * max(2, world) // 2

@@ -240,7 +240,8 @@ def report_labels(n: int, runs: dict[str, list[dict]]) -> None:
 def report_workers(n: int, runs: dict[str, list[dict]]) -> None:
     """What a worker costs: CPU per 1,000 events learned with 1, 2 and 4 workers (issue 48's
     machine-independent measure: on a cluster each worker has cores of its own), both sync modes,
-    and 4 workers with the window 2 share; each --sync window contender's AUC against DDP's."""
+    4 workers with the window 2 share, Ray Data at 4 with either window; each contender's AUC
+    against DDP's at its size."""
     figures, table = contender_table(runs)
     total, rate = figures["steady_cpu_ms_per_1k_events"], figures["steady_events_per_s"]
     auc, logloss = ({name: statistics.median(r[key] for r in rs) for name, rs in runs.items()}

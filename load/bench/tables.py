@@ -425,7 +425,7 @@ def cpu_workers(d: dict) -> str:
             for name in d["steady_events_per_s"]]
     lines = table(["medians", "learned events/s (steady)", "cores busy", "CPU ms per 1,000 events",
                    f"CPU per event ÷ 1 worker (issue 48: 2 workers ≤ {bar}×)", "prequential AUC", "log loss",
-                   f"AUC − DDP's, same workers (issue 48: within {auc_bar})"], rows, "lrrrrrrr")
+                   f"AUC − DDP's, same workers (issue 48: within {auc_bar})"], rows)
     lines += ["", f"{d['events']:,} events, direct ingest where the name says nothing else, "
                   f"{len(d['runs']['1-worker'])} runs of each."]
     return with_machine(lines, d)

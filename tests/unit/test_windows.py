@@ -1,4 +1,9 @@
+from types import SimpleNamespace
+
+from streamlearn.config import TrainConfig
 from streamlearn.ingest.windows import Window, WindowPlanner, _fair_share
+from streamlearn.train.lineage import Lineage
+from streamlearn.train.loop import _coordinator
 
 
 def test_each_partition_goes_whole_to_one_rank_and_every_offset_once():
@@ -89,12 +94,6 @@ def test_behind_a_backlog_each_rank_of_a_group_past_two_gets_half_a_window_betwe
     for 1 or 2 ranks and half of it a rank beyond: with --sync window each window ends in an
     average of the ranks' weights, and a fixed window split 4 ways averaged twice as often per
     event (docs/BENCHMARKS.md, "What a worker costs")."""
-    from types import SimpleNamespace
-
-    from streamlearn.config import TrainConfig
-    from streamlearn.train.lineage import Lineage
-    from streamlearn.train.loop import _coordinator
-
     class Backlog:  # 8 partitions, each far behind
         def partitions(self):
             return list(range(8))
